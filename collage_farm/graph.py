@@ -1,0 +1,610 @@
+"""DataflowGraph: an ONNX model as post-DFS indexed nodes.
+
+Everything in Collage speaks in post-DFS indices (RFC 0062, "Util Datatypes"): if index i < j,
+node j cannot influence node i. Sub-graphs are bitsets over those indices, candidates are
+indexed by their smallest index, and the search always extends a state with a candidate that
+contains the first uncovered index. This module builds that indexing once per model, together
+with everything later phases ask about nodes over and over (op kind, tensor shapes and dtypes,
+producers and consumers, descendant sets for convexity checks), so no later phase has to touch
+the protobuf again.
+
+Loading does the per-model work exactly once: parse, check, bind dynamic input dims given by
+the user, fold ``Constant`` nodes into initializers, infer shapes (falling back to one
+ONNX Runtime probe run when static inference leaves a tensor without a concrete shape), and
+order the nodes. A malformed model is reported as a `ModelError` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+
+# ONNX Runtime 1.31 reads IR <= 13 while onnx 1.23 writes 14; 10 works in ORT and OpenVINO.
+MAX_IR_VERSION = 10
+
+
+class ModelError(ValueError):
+    """The model cannot be used: malformed, cyclic, unbound dynamic dimension, ..."""
+
+
+class OpKind(enum.IntEnum):
+    """TVM's operator pattern kinds (TOpPattern), ordered as in TVM."""
+
+    ELEMWISE = 0
+    BROADCAST = 1
+    INJECTIVE = 2
+    COMM_REDUCE = 3
+    OUT_ELEMWISE_FUSABLE = 4
+    TUPLE = 7
+    OPAQUE = 8
+
+
+_K = OpKind
+OP_KINDS: dict[str, OpKind] = {}
+
+
+def _kinds(kind: OpKind, names: str) -> None:
+    for n in names.split():
+        OP_KINDS[n] = kind
+
+
+_kinds(
+    _K.ELEMWISE,
+    "Relu LeakyRelu PRelu Sigmoid HardSigmoid HardSwish Tanh Exp Log Sqrt Reciprocal Neg Abs "
+    "Erf Gelu FastGelu Softplus Softsign Elu Selu Celu Mish Swish SiLU Clip Cast CastLike Identity "
+    "Floor Ceil Round Sign Sin Cos Tan Asin Acos Atan Sinh Cosh Not IsNaN IsInf ThresholdedRelu "
+    "Dropout QuantizeLinear DequantizeLinear BitwiseNot",
+)
+_kinds(
+    _K.BROADCAST,
+    "Add Sub Mul Div Pow Max Min Mean Sum Where Equal Less Greater LessOrEqual GreaterOrEqual "
+    "And Or Xor Mod BitShift BitwiseAnd BitwiseOr BitwiseXor BiasGelu",
+)
+_kinds(
+    _K.INJECTIVE,
+    "Reshape Transpose Flatten Squeeze Unsqueeze Concat Split Slice Gather GatherElements "
+    "GatherND Expand Tile Pad Shape Size ConstantOfShape Range DepthToSpace SpaceToDepth "
+    "Resize Upsample ScatterND ScatterElements Trilu OneHot EyeLike",
+)
+_kinds(
+    _K.COMM_REDUCE,
+    "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum "
+    "ReduceLogSumExp ReduceSumSquare ArgMax ArgMin GlobalAveragePool GlobalMaxPool GlobalLpPool "
+    "Softmax LogSoftmax Hardmax CumSum TopK",
+)
+_kinds(
+    _K.OUT_ELEMWISE_FUSABLE,
+    "Conv ConvTranspose MatMul Gemm MatMulInteger ConvInteger QLinearConv QLinearMatMul "
+    "AveragePool MaxPool LpPool BatchNormalization InstanceNormalization LayerNormalization "
+    "GroupNormalization SimplifiedLayerNormalization RMSNormalization LRN Einsum "
+    "Attention MultiHeadAttention SkipLayerNormalization EmbedLayerNormalization "
+    "RotaryEmbedding",
+)
+_kinds(_K.OPAQUE, "NonZero NonMaxSuppression Loop If Scan RoiAlign Unique")
+
+_DTYPE_NAMES = {
+    v: np.dtype(helper.tensor_dtype_to_np_dtype(v)).name
+    for v in onnx.TensorProto.DataType.values()
+    if v not in (0, onnx.TensorProto.STRING)
+    and v < 16  # the classic numeric types; exotic float8/int4 stay by number
+}
+
+
+def dtype_name(elem_type: int) -> str:
+    return _DTYPE_NAMES.get(elem_type, f"onnx{elem_type}")
+
+
+def op_kind(op_type: str, domain: str = "") -> OpKind:
+    """The pattern kind of an operator. Unknown ops and custom domains are opaque."""
+    if domain not in ("", "ai.onnx", "com.microsoft"):
+        return OpKind.OPAQUE
+    return OP_KINDS.get(op_type, OpKind.OPAQUE)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor's static type: concrete shape and element type (ONNX enum and numpy name)."""
+
+    name: str
+    shape: tuple[int, ...]
+    elem_type: int
+
+    @property
+    def dtype(self) -> str:
+        return dtype_name(self.elem_type)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        try:
+            item = np.dtype(helper.tensor_dtype_to_np_dtype(self.elem_type)).itemsize
+        except (KeyError, TypeError, ValueError):
+            item = 4
+        return self.size * item
+
+
+@dataclass(eq=False)
+class Node:
+    """One ONNX operator in the dataflow graph, at post-DFS index ``index``."""
+
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]  # tensor names ("" for an omitted optional input)
+    outputs: tuple[str, ...]
+    attrs: dict[str, object]
+    kind: OpKind
+    proto: onnx.NodeProto
+    preds: tuple[int, ...] = ()  # producer node indices (dedup, sorted)
+    succs: tuple[int, ...] = ()  # consumer node indices (dedup, sorted)
+    is_external: bool = False  # produces a graph output
+    implicit_inputs: tuple[str, ...] = ()  # outer-scope tensors used by If/Loop/Scan bodies
+
+    def __repr__(self) -> str:
+        return f"Node({self.index}, {self.op_type}, {self.name!r})"
+
+
+@dataclass(eq=False)
+class DataflowGraph:
+    """An ONNX model's nodes in post-DFS order with types, kinds and reachability."""
+
+    model: onnx.ModelProto  # shape-inferred, Constant-folded, inputs bound
+    nodes: list[Node]
+    tensors: dict[str, TensorInfo]  # every non-empty tensor name with a known type
+    initializers: dict[str, onnx.TensorProto]
+    graph_inputs: tuple[str, ...]  # runtime inputs (initializers excluded)
+    graph_outputs: tuple[str, ...]
+    producer: dict[str, int]  # tensor -> node index
+    consumers: dict[str, tuple[int, ...]]  # tensor -> node indices
+    descendants: list[int] = field(repr=False, default_factory=list)  # bitsets, strict
+    name: str = "model"
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def all_mask(self) -> int:
+        return (1 << len(self.nodes)) - 1
+
+    def node_by_name(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def input_infos(self, node: Node) -> list[TensorInfo | None]:
+        return [self.tensors.get(t) if t else None for t in node.inputs]
+
+    def output_infos(self, node: Node) -> list[TensorInfo | None]:
+        return [self.tensors.get(t) if t else None for t in node.outputs]
+
+    def is_initializer(self, tensor: str) -> bool:
+        return tensor in self.initializers
+
+    @property
+    def opset(self) -> int:
+        for imp in self.model.opset_import:
+            if imp.domain in ("", "ai.onnx"):
+                return imp.version
+        return 0
+
+
+# ----------------------------------------------------------------------------------------
+# loading
+
+
+def _attr_value(a: onnx.AttributeProto) -> object:
+    if a.type == onnx.AttributeProto.GRAPH:
+        return ("graph", a.g.name, len(a.g.node))
+    if a.type == onnx.AttributeProto.GRAPHS:
+        return ("graphs", len(a.graphs))
+    if a.type == onnx.AttributeProto.TENSOR:
+        arr = numpy_helper.to_array(a.t)
+        return ("tensor", arr.dtype.name, tuple(arr.shape), arr.tobytes() if arr.size <= 64 else b"")
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, list):
+        return tuple(x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v)
+    return v
+
+
+def _subgraph_free_names(g: onnx.GraphProto) -> set[str]:
+    """Names a (nested) body graph reads from its enclosing scope."""
+    defined = {i.name for i in g.input} | {i.name for i in g.initializer}
+    used: set[str] = set()
+    for n in g.node:
+        used.update(x for x in n.input if x)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                used |= _subgraph_free_names(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sg in a.graphs:
+                    used |= _subgraph_free_names(sg)
+        defined.update(x for x in n.output if x)
+    used.update(o.name for o in g.output)
+    return used - defined
+
+
+def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, bytes):
+        data = source
+        where = "<bytes>"
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise ModelError(f"{path}: no such file")
+        where = str(path)
+        try:
+            # load_external_data resolves weights stored beside the file (2 GB+ models)
+            model = onnx.load(str(path), load_external_data=True)
+        except Exception as e:  # protobuf DecodeError, truncated files, missing data files
+            raise ModelError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})")
+        if not model.HasField("graph") or (len(model.graph.node) == 0 and not model.graph.output):
+            raise ModelError(f"{where}: parsed, but holds no ONNX graph")
+        return model
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as e:
+        raise ModelError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    if not model.HasField("graph"):
+        raise ModelError(f"{where}: parsed, but holds no ONNX graph")
+    return model
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``input=1x3x224x224`` into (``input``, (1, 3, 224, 224))."""
+    if "=" not in text:
+        raise ModelError(f"bad --shape {text!r}: expected NAME=DxDx... (e.g. input=1x3x224x224)")
+    name, dims = text.rsplit("=", 1)
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x")) if dims.strip() else ()
+    except ValueError:
+        raise ModelError(f"bad --shape {text!r}: dims must be integers separated by 'x'") from None
+    if any(d < 0 for d in shape):
+        raise ModelError(f"bad --shape {text!r}: negative dimension")
+    return name.strip(), shape
+
+
+def _bind_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> None:
+    init_names = {i.name for i in model.graph.initializer}
+    runtime_inputs = [i for i in model.graph.input if i.name not in init_names]
+    known = {i.name for i in runtime_inputs}
+    for name in shapes:
+        if name not in known:
+            raise ModelError(
+                f"--shape names {name!r}, which is not a model input; inputs: {sorted(known)}"
+            )
+    for inp in runtime_inputs:
+        tt = inp.type.tensor_type
+        if not inp.type.HasField("tensor_type"):
+            raise ModelError(f"input {inp.name!r} is not a tensor (sequence/map inputs unsupported)")
+        if inp.name in shapes:
+            want = list(shapes[inp.name])
+            if tt.HasField("shape") and len(tt.shape.dim) not in (0, len(want)):
+                raise ModelError(
+                    f"--shape {inp.name}: rank {len(want)} given, model input has rank "
+                    f"{len(tt.shape.dim)}"
+                )
+            for d_i, (d, w) in enumerate(zip(tt.shape.dim, want)):
+                if d.HasField("dim_value") and d.dim_value not in (0, w) and d.dim_value != w:
+                    raise ModelError(
+                        f"--shape {inp.name}: dim {d_i} is fixed to {d.dim_value} in the model, "
+                        f"{w} given"
+                    )
+            tt.ClearField("shape")
+            for w in want:
+                tt.shape.dim.add().dim_value = int(w)
+            continue
+        if not tt.HasField("shape"):
+            raise ModelError(
+                f"input {inp.name!r} has no shape; bind it with --shape {inp.name}=DxDx..."
+            )
+        for d_i, d in enumerate(tt.shape.dim):
+            if not d.HasField("dim_value") or d.dim_value <= 0:
+                label = d.dim_param or "?"
+                raise ModelError(
+                    f"input {inp.name!r} has dynamic dimension {d_i} ({label!r}); bind it with "
+                    f"--shape {inp.name}=" + "x".join(
+                        str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N"
+                        for x in tt.shape.dim
+                    )
+                )
+
+
+def _fold_constants(model: onnx.ModelProto) -> None:
+    """Turn ``Constant`` nodes into initializers: they are data, not work to place."""
+    g = model.graph
+    keep = []
+    for n in g.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1:
+            a = n.attribute[0] if n.attribute else None
+            if a is None:
+                raise ModelError(f"Constant node {n.name or n.output[0]!r} has no value")
+            if a.name == "value":
+                t = onnx.TensorProto()
+                t.CopyFrom(a.t)
+            else:
+                v = helper.get_attribute_value(a)
+                if a.name in ("value_float", "value_int"):
+                    arr = np.array(v, dtype=np.float32 if a.name == "value_float" else np.int64)
+                elif a.name in ("value_floats", "value_ints"):
+                    arr = np.array(v, dtype=np.float32 if a.name == "value_floats" else np.int64)
+                else:  # sparse / string constants stay as nodes
+                    keep.append(n)
+                    continue
+                t = numpy_helper.from_array(arr)
+            t.name = n.output[0]
+            g.initializer.append(t)
+        else:
+            keep.append(n)
+    if len(keep) != len(g.node):
+        del g.node[:]
+        g.node.extend(keep)
+
+
+def _static_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
+    if not vi.type.HasField("tensor_type"):
+        return None
+    tt = vi.type.tensor_type
+    if tt.elem_type == 0 or not tt.HasField("shape"):
+        return None
+    dims = []
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        dims.append(d.dim_value)
+    return TensorInfo(vi.name, tuple(dims), tt.elem_type)
+
+
+def random_inputs(graph_or_model: DataflowGraph | onnx.ModelProto, seed: int = 0
+                  ) -> dict[str, np.ndarray]:
+    """Seeded random feeds for a model's runtime inputs (small values, valid for indices)."""
+    model = graph_or_model.model if isinstance(graph_or_model, DataflowGraph) else graph_or_model
+    rng = np.random.default_rng(seed)
+    init = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        info = _static_info(vi)
+        if info is None:
+            raise ModelError(f"input {vi.name!r} has no static shape")
+        np_t = np.dtype(helper.tensor_dtype_to_np_dtype(info.elem_type))
+        if np_t.kind == "f":
+            feeds[vi.name] = rng.standard_normal(info.shape).astype(np_t)
+        elif np_t.kind in "iu":
+            feeds[vi.name] = rng.integers(0, 4, size=info.shape).astype(np_t)
+        elif np_t.kind == "b":
+            feeds[vi.name] = rng.integers(0, 2, size=info.shape).astype(bool)
+        else:
+            feeds[vi.name] = np.zeros(info.shape, dtype=np_t)
+    return feeds
+
+
+def _probe_shapes(model: onnx.ModelProto, missing: list[str]) -> dict[str, TensorInfo]:
+    """Run the model once in ONNX Runtime with ``missing`` as extra outputs to learn shapes."""
+    import onnxruntime as ort  # local: ORT is heavy and only needed for odd models
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    for name in missing:
+        if name not in have:
+            probe.graph.output.add().name = name
+    probe.ir_version = min(probe.ir_version, MAX_IR_VERSION)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        outs = sess.run(missing, random_inputs(model))
+    except Exception as e:
+        raise ModelError(
+            f"could not determine shapes of {len(missing)} tensors (e.g. {missing[0]!r}) "
+            f"statically or by running the model once: {e}"
+        ) from None
+    found = {}
+    for name, arr in zip(missing, outs):
+        arr = np.asarray(arr)
+        found[name] = TensorInfo(name, tuple(arr.shape), helper.np_dtype_to_tensor_dtype(arr.dtype))
+    return found
+
+
+def load_graph(
+    source: str | os.PathLike | bytes | onnx.ModelProto,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    name: str | None = None,
+) -> DataflowGraph:
+    """Load an ONNX model into a `DataflowGraph`, raising `ModelError` for anything unusable."""
+    model = onnx.ModelProto()
+    model.CopyFrom(_read_model(source))
+    if name is None:
+        name = Path(source).stem if isinstance(source, (str, os.PathLike)) else (
+            model.graph.name or "model")
+    g = model.graph
+    if not g.output:
+        raise ModelError("model has no outputs")
+    out_names = [o.name for o in g.output]
+    dup = {n for n in out_names if out_names.count(n) > 1}
+    if dup:
+        raise ModelError(f"duplicate graph output names: {sorted(dup)}")
+    if model.ir_version < 3:
+        raise ModelError(f"IR version {model.ir_version} is too old (need >= 3)")
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelError(
+            f"IR version {model.ir_version} is newer than this onnx ({onnx.IR_VERSION}) supports"
+        )
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and imp.version > onnx.defs.onnx_opset_version():
+            raise ModelError(
+                f"opset {imp.version} is newer than supported ({onnx.defs.onnx_opset_version()})"
+            )
+    _bind_inputs(model, shapes or {})
+    _fold_constants(model)
+
+    # give every node a unique, stable name (real exports often have none)
+    seen: set[str] = set()
+    for i, n in enumerate(g.node):
+        nm = n.name or f"{n.op_type}_{i}"
+        while nm in seen:
+            nm = f"{nm}_{i}"
+        seen.add(nm)
+        n.name = nm
+
+    # producers, and the checks that need them
+    init_names = {t.name for t in g.initializer}
+    input_names = [i.name for i in g.input if i.name not in init_names]
+    available = set(init_names) | set(input_names)
+    producer_pos: dict[str, int] = {}
+    for i, n in enumerate(g.node):
+        for o in n.output:
+            if not o:
+                continue
+            if o in producer_pos or o in available:
+                raise ModelError(f"tensor {o!r} is produced twice (node {n.name!r})")
+            producer_pos[o] = i
+    implicit: dict[int, tuple[str, ...]] = {}
+    for i, n in enumerate(g.node):
+        free: set[str] = set()
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                free |= _subgraph_free_names(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sg in a.graphs:
+                    free |= _subgraph_free_names(sg)
+        if free:
+            implicit[i] = tuple(sorted(x for x in free if x in producer_pos or x in available))
+        for t in list(n.input) + list(implicit.get(i, ())):
+            if t and t not in producer_pos and t not in available:
+                raise ModelError(
+                    f"node {n.name!r} reads tensor {t!r}, which no node, input or initializer "
+                    f"provides (missing initializer?)"
+                )
+    for o in out_names:
+        if o not in producer_pos and o not in available:
+            raise ModelError(f"graph output {o!r} is produced by nothing")
+
+    # post-DFS order from the outputs (iterative: deep models overflow recursion); cycles raise
+    order: list[int] = []
+    state = [0] * len(g.node)  # 0 new, 1 on stack, 2 done
+
+    def preds_of(i: int) -> list[int]:
+        ts = list(g.node[i].input) + list(implicit.get(i, ()))
+        return [producer_pos[t] for t in ts if t in producer_pos]
+
+    roots = [producer_pos[o] for o in out_names if o in producer_pos]
+    roots += list(range(len(g.node)))  # dead nodes too, after the live ones
+    for r in roots:
+        if state[r]:
+            continue
+        stack = [(r, iter(preds_of(r)))]
+        state[r] = 1
+        while stack:
+            cur, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                state[cur] = 2
+                order.append(cur)
+            elif state[nxt] == 1:
+                raise ModelError(
+                    f"the graph has a cycle through node {g.node[nxt].name!r} "
+                    f"({g.node[nxt].op_type})"
+                )
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                stack.append((nxt, iter(preds_of(nxt))))
+
+    # reorder the protobuf nodes to the post-DFS order (a valid topological order)
+    protos = [g.node[i] for i in order]
+    new_nodes = [onnx.NodeProto() for _ in protos]
+    for dst, src in zip(new_nodes, protos):
+        dst.CopyFrom(src)
+    implicit = {new: implicit[old] for new, old in enumerate(order) if old in implicit}
+    del g.node[:]
+    g.node.extend(new_nodes)
+
+    # shape inference, once per model
+    try:
+        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
+                                                data_prop=True)
+    except Exception as e:
+        raise ModelError(f"shape inference failed: {e}") from None
+    tensors: dict[str, TensorInfo] = {}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(
+        inferred.graph.output
+    ):
+        info = _static_info(vi)
+        if info is not None:
+            tensors[vi.name] = info
+    for t in inferred.graph.initializer:
+        tensors[t.name] = TensorInfo(t.name, tuple(t.dims), t.data_type)
+    produced = [o for n in inferred.graph.node for o in n.output if o]
+    missing = [t for t in produced if t not in tensors]
+    if missing:
+        tensors.update(_probe_shapes(inferred, missing))
+    model = inferred
+
+    # nodes
+    g = model.graph
+    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(g.node):
+        for t in set(list(n.input) + list(implicit.get(i, ()))):
+            if t:
+                consumers.setdefault(t, []).append(i)
+    outset = set(out_names)
+    nodes = []
+    for i, p in enumerate(g.node):
+        ins = list(p.input) + list(implicit.get(i, ()))
+        preds = sorted({producer[t] for t in ins if t in producer})
+        succs = sorted({c for o in p.output if o for c in consumers.get(o, ())})
+        nodes.append(
+            Node(
+                index=i,
+                name=p.name,
+                op_type=p.op_type,
+                domain=p.domain,
+                inputs=tuple(p.input),
+                outputs=tuple(p.output),
+                attrs={a.name: _attr_value(a) for a in p.attribute},
+                kind=op_kind(p.op_type, p.domain),
+                proto=p,
+                preds=tuple(preds),
+                succs=tuple(succs),
+                is_external=any(o in outset for o in p.output),
+                implicit_inputs=implicit.get(i, ()),
+            )
+        )
+    desc = [0] * len(nodes)
+    for n in reversed(nodes):
+        m = 0
+        for s in n.succs:
+            m |= (1 << s) | desc[s]
+        desc[n.index] = m
+    return DataflowGraph(
+        model=model,
+        nodes=nodes,
+        tensors=tensors,
+        initializers={t.name: t for t in g.initializer},
+        graph_inputs=tuple(input_names),
+        graph_outputs=tuple(out_names),
+        producer=producer,
+        consumers={k: tuple(v) for k, v in consumers.items()},
+        descendants=desc,
+        name=name,
+    )

@@ -1,0 +1,153 @@
+"""Targets: a toolchain on a virtual device.
+
+Following TVM RFC 0038 (unified target/device planning), a target is not a device: it is a
+toolchain (ONNX Runtime's CPU execution provider, OpenVINO, TensorRT, Vela, ...) bound to a
+*virtual device* (device kind, device id, memory scope). Several targets may share one device
+(ORT-CPU and OpenVINO on one CPU) and then hand tensors to each other without a copy; targets
+on different devices pay a transfer.
+
+Two identities matter:
+
+* ``Target.id`` names the target inside one configuration (plans and reports use it);
+* ``Target.measure_key`` says which measurements are interchangeable: the toolchain, the device
+  *kind* and the options, but not the device id (two identical GPUs share measurements).
+
+The built-in catalogue below gives the target names the whole project uses (``ort-cpu``,
+``openvino-cpu``, ``ort-cuda``, ``ort-tensorrt``, ``litert-cpu``, ``ethos-u55-32|64|128|256``,
+``ethos-u65-256|512``); `collage_farm.config` builds richer target sets from YAML.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class VirtualDevice:
+    """Where a target's code runs: a device kind, which one of that kind, and a memory scope."""
+
+    kind: str  # "cpu", "cuda", "ethos-u"
+    device_id: int = 0
+    memory_scope: str = "global"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.device_id}" + (
+            "" if self.memory_scope == "global" else f"/{self.memory_scope}"
+        )
+
+    def same_memory(self, other: VirtualDevice) -> bool:
+        """True when a tensor produced on ``self`` can be read on ``other`` without a copy."""
+        return (self.kind, self.device_id, self.memory_scope) == (
+            other.kind,
+            other.device_id,
+            other.memory_scope,
+        )
+
+
+def _freeze_options(options: Mapping[str, object] | Iterable[tuple[str, object]]) -> tuple:
+    items = options.items() if isinstance(options, Mapping) else options
+    return tuple(sorted((str(k), v) for k, v in items))
+
+
+@dataclass(frozen=True)
+class Target:
+    """A toolchain on a virtual device, with toolchain options (hashable, sorted pairs)."""
+
+    name: str
+    toolchain: str  # "ort-cpu", "openvino", "ort-cuda", "ort-tensorrt", "vela", "litert"
+    device: VirtualDevice
+    options: tuple[tuple[str, object], ...] = field(default_factory=tuple)
+
+    @staticmethod
+    def make(
+        name: str,
+        toolchain: str,
+        device: VirtualDevice,
+        options: Mapping[str, object] | None = None,
+    ) -> Target:
+        return Target(name, toolchain, device, _freeze_options(options or {}))
+
+    @property
+    def id(self) -> str:
+        """Stable id of this target inside one configuration (used in plans and tables)."""
+        return self.name
+
+    def option(self, key: str, default: object = None) -> object:
+        for k, v in self.options:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def measure_key(self) -> str:
+        """What makes two targets' measurements interchangeable (device id excluded)."""
+        opts = ",".join(f"{k}={v}" for k, v in self.options)
+        raw = f"{self.toolchain}|{self.device.kind}|{self.device.memory_scope}|{opts}"
+        digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+        return f"{self.toolchain}@{self.device.kind}#{digest}"
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.toolchain}@{self.device.label})"
+
+
+CPU0 = VirtualDevice("cpu", 0)
+CUDA0 = VirtualDevice("cuda", 0)
+NPU0 = VirtualDevice("ethos-u", 0)
+
+ETHOS_U_CONFIGS = (
+    "ethos-u55-32",
+    "ethos-u55-64",
+    "ethos-u55-128",
+    "ethos-u55-256",
+    "ethos-u65-256",
+    "ethos-u65-512",
+)
+
+
+def _builtin() -> dict[str, Target]:
+    targets = [
+        Target.make("ort-cpu", "ort-cpu", CPU0),
+        Target.make("openvino-cpu", "openvino", CPU0),
+        Target.make("litert-cpu", "litert", CPU0),
+        Target.make("ort-cuda", "ort-cuda", CUDA0),
+        Target.make("ort-tensorrt", "ort-tensorrt", CUDA0, {"fp16": False}),
+    ]
+    for accel in ETHOS_U_CONFIGS:
+        targets.append(Target.make(accel, "vela", NPU0, {"accelerator_config": accel}))
+    return {t.name: t for t in targets}
+
+
+BUILTIN_TARGETS: dict[str, Target] = _builtin()
+
+
+class UnknownTargetError(ValueError):
+    """A target name that no configuration defines."""
+
+
+def get_target(name: str, catalogue: Mapping[str, Target] | None = None) -> Target:
+    cat = BUILTIN_TARGETS if catalogue is None else catalogue
+    try:
+        return cat[name]
+    except KeyError:
+        raise UnknownTargetError(
+            f"unknown target {name!r}; known targets: {', '.join(sorted(cat))}"
+        ) from None
+
+
+def parse_targets(spec: str | Iterable[str], catalogue: Mapping[str, Target] | None = None
+                  ) -> list[Target]:
+    """Parse ``"ort-cpu,openvino-cpu"`` (or a list of names) into targets, in order, deduped."""
+    names = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    out: list[Target] = []
+    for n in names:
+        if not n:
+            continue
+        t = get_target(n, catalogue)
+        if t not in out:
+            out.append(t)
+    if not out:
+        raise UnknownTargetError("no targets given")
+    return out

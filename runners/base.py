@@ -1,0 +1,351 @@
+"""The runner interface: small typed messages, toolchains, and device-owning runners.
+
+A *toolchain* knows how to turn an ONNX sub-model into an artifact (`Toolchain.build`) and how to
+time that artifact (`Toolchain.measure`); it also declares which ONNX nodes it can take
+(`Capabilities`), which feeds the op-predicate partition rules. A *runner* owns one device and
+serves one or more toolchains on it, running toolchain code in a worker process so that a
+toolchain that hangs or segfaults costs one result row, not the farm.
+
+Every message is a frozen dataclass built from plain values (str, int, float, bytes, tuples), so
+it crosses process and Ray boundaries without custom pickling and can be written into a cost
+table row as is. Failure is data: a `MeasureResult` carries either samples or an error, with a
+`Status` saying which.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import json
+import math
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from collage_farm.target import Target
+
+if TYPE_CHECKING:
+    from collage_farm.graph import DataflowGraph, Node
+
+
+class Status(str, enum.Enum):
+    """Outcome of a build or a measurement."""
+
+    OK = "ok"
+    UNSUPPORTED = "unsupported"  # the toolchain does not take this sub-graph
+    BUILD_FAILED = "build_failed"  # it tried and failed to compile
+    RUNTIME_ERROR = "runtime_error"  # it compiled but failed to run
+    TIMEOUT = "timeout"  # killed at MeasureConfig.timeout_s
+    CRASHED = "crashed"  # the worker process died (segfault, OOM kill, ...)
+
+
+class Kind(str, enum.Enum):
+    """Where a cost comes from."""
+
+    MEASURED = "measured"  # wall-clock timing of real execution
+    SIMULATED = "simulated"  # a simulator's estimate (Vela cycles / clock)
+    ANALYTIC = "analytic"  # a formula (roofline bound, host model)
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How a measurement is taken; stored with every row so rows are comparable.
+
+    Warm-up runs are discarded; then ``rounds`` rounds, each of at least ``min_round_runs`` runs
+    and ``min_round_s`` seconds. The cost is the median of all samples (RFC Appendix E); a round
+    whose median is more than ``outlier_ratio`` from the median of round medians is re-run once.
+    """
+
+    warmup_runs: int = 3
+    rounds: int = 5
+    min_round_runs: int = 5
+    min_round_s: float = 0.02
+    max_samples: int = 2000
+    outlier_ratio: float = 0.25
+    timeout_s: float = 120.0
+    threads: int = 1
+    mode: str = "isolated"  # "isolated" | "cache_flush" (see runners.measure)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> MeasureConfig:
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(MeasureConfig)}
+        return MeasureConfig(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class DeviceDescription:
+    """What a measurement ran on; part of the cost-table lookup key."""
+
+    kind: str  # "cpu", "cuda", "ethos-u"
+    name: str  # CPU model / GPU name / accelerator config
+    cores: int = 0
+    driver: str = ""
+    config: str = ""  # CUDA version, Vela system config + memory mode, ...
+
+    def describe(self) -> str:
+        parts = [self.kind, self.name]
+        if self.cores:
+            parts.append(f"{self.cores}c")
+        if self.driver:
+            parts.append(self.driver)
+        if self.config:
+            parts.append(self.config)
+        return " | ".join(parts)
+
+    @staticmethod
+    def host_cpu() -> DeviceDescription:
+        import os
+
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        name = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        return DeviceDescription("cpu", name, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Statistics of a sample set (seconds)."""
+
+    median: float
+    mean: float
+    std: float
+    p10: float
+    p90: float
+    min: float
+    n: int
+    cv: float  # coefficient of variation of round medians
+
+    @staticmethod
+    def of(samples: Sequence[float], round_medians: Sequence[float] = ()) -> Summary:
+        import numpy as np
+
+        a = np.asarray(samples, dtype=np.float64)
+        if a.size == 0:
+            nan = math.nan
+            return Summary(nan, nan, nan, nan, nan, nan, 0, nan)
+        rm = np.asarray(round_medians if len(round_medians) else [float(np.median(a))])
+        cv = float(rm.std() / rm.mean()) if rm.size > 1 and rm.mean() > 0 else 0.0
+        return Summary(
+            median=float(np.median(a)),
+            mean=float(a.mean()),
+            std=float(a.std()),
+            p10=float(np.percentile(a, 10)),
+            p90=float(np.percentile(a, 90)),
+            min=float(a.min()),
+            n=int(a.size),
+            cv=cv,
+        )
+
+
+@dataclass(frozen=True)
+class BuildInput:
+    """A candidate sub-model to build for a target.
+
+    ``onnx_bytes`` is a standalone model (from `SubGraph.extract`) whose tensor names are the
+    original model's. ``tensor_ranges`` maps tensor names to calibrated (min, max) from the whole
+    fp32 model, for toolchains that quantise (Ethos-U); empty for the others.
+    """
+
+    fingerprint: str
+    target: Target
+    onnx_bytes: bytes
+    tensor_ranges: tuple[tuple[str, float, float], ...] = ()
+    label: str = ""  # human-readable: model and node names, for logs and rows
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """A toolchain artifact (or why there is none)."""
+
+    fingerprint: str
+    target: Target
+    status: Status
+    artifact: bytes = b""  # e.g. ONNX bytes for ORT/OpenVINO, TFLite (+Vela output) for Ethos-U
+    artifact_kind: str = ""  # "onnx", "tflite", "vela", ...
+    error: str = ""
+    build_s: float = 0.0
+    details: tuple[tuple[str, object], ...] = ()  # toolchain extras (e.g. vela cycles per op)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    def detail(self, key: str, default: object = None) -> object:
+        return dict(self.details).get(key, default)
+
+
+@dataclass(frozen=True)
+class MeasureInput:
+    """A built artifact to time."""
+
+    build: BuildResult
+    config: MeasureConfig = field(default_factory=MeasureConfig)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.build.fingerprint
+
+    @property
+    def target(self) -> Target:
+        return self.build.target
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """Samples or an error, never both; plus everything a cost-table row needs."""
+
+    fingerprint: str
+    target: Target
+    status: Status
+    config: MeasureConfig
+    samples: tuple[float, ...] = ()
+    summary: Summary | None = None
+    kind: Kind = Kind.MEASURED
+    error: str = ""
+    device: DeviceDescription | None = None
+    toolchain_version: str = ""
+    build_s: float = 0.0
+    measure_s: float = 0.0
+    details: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.status is Status.OK and not self.samples:
+            raise ValueError("an ok MeasureResult needs samples")
+        if self.status is not Status.OK and self.samples:
+            raise ValueError("a failed MeasureResult carries an error, not samples")
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def seconds(self) -> float:
+        """The cost: the median, or +inf when the candidate cannot run."""
+        if self.status is not Status.OK or self.summary is None:
+            return math.inf
+        return self.summary.median
+
+    @staticmethod
+    def failed(build: BuildResult | BuildInput, status: Status, error: str,
+               config: MeasureConfig, **kw: object) -> MeasureResult:
+        return MeasureResult(
+            fingerprint=build.fingerprint,
+            target=build.target,
+            status=status,
+            config=config,
+            error=error,
+            **kw,  # type: ignore[arg-type]
+        )
+
+
+# ----------------------------------------------------------------------------------------
+# capabilities and toolchains
+
+
+class Capabilities(abc.ABC):
+    """Which ONNX nodes a toolchain can take. Feeds `OpPredicatePartitionRule`.
+
+    Contract: `why_not` is a pure function of the node and its graph (types, shapes, attrs):
+    ``None`` when the toolchain takes the node, else a short reason. It must never raise for an
+    unknown op; unknown means unsupported.
+    """
+
+    #: "graph": a graph compiler that takes arbitrary convex regions (fuses across ops);
+    #: "library": takes single operators (or small patterns) and fuses nothing.
+    style: str = "graph"
+
+    @abc.abstractmethod
+    def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
+        """None if supported, else the reason."""
+
+    def supports(self, node: Node, graph: DataflowGraph) -> bool:
+        return self.why_not(node, graph) is None
+
+
+class Toolchain(abc.ABC):
+    """A compiler/runtime for one device kind: capabilities, build, measure.
+
+    Contract:
+    * `build` and `measure` run inside the runner's worker process; they may crash or hang, and
+      the runner turns that into `Status.CRASHED` / `Status.TIMEOUT` rows.
+    * `build` never raises for a sub-model it cannot take: it returns a `BuildResult` with
+      `Status.UNSUPPORTED` or `Status.BUILD_FAILED` and the error text.
+    * `measure` returns samples in seconds following `MeasureConfig`, timing only the
+      toolchain's execution (inputs bound once, outputs not copied per run where possible).
+    * Importing the module that defines a toolchain must not import its heavy packages;
+      `available()` imports them and says whether the toolchain can run here.
+    """
+
+    #: toolchain id, as in `Target.toolchain` ("ort-cpu", "openvino", ...)
+    name: str = ""
+    #: device kind it runs on ("cpu", "cuda", "ethos-u")
+    device_kind: str = "cpu"
+    #: what its costs are
+    kind: Kind = Kind.MEASURED
+
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """Which nodes this toolchain takes."""
+
+    @abc.abstractmethod
+    def available(self) -> str | None:
+        """None when usable on this machine, else why not (missing package, no device)."""
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """Version string(s) of the toolchain packages, stored with every row."""
+
+    @abc.abstractmethod
+    def build(self, inp: BuildInput) -> BuildResult:
+        """Turn a sub-model into an artifact, or say why not."""
+
+    @abc.abstractmethod
+    def measure(self, inp: MeasureInput) -> MeasureResult:
+        """Time a built artifact (or return the simulator's estimate)."""
+
+    def device_description(self, target: Target) -> DeviceDescription:
+        return DeviceDescription.host_cpu()
+
+
+class Runner(abc.ABC):
+    """Owns one device and serves toolchains on it, isolated in a worker process.
+
+    Contract: `build` and `measure` never raise for anything a candidate does; a crash, hang or
+    error in toolchain code becomes a result with a failure status, and the runner keeps
+    serving. `resources` are the Ray resources the runner's actor must hold.
+    """
+
+    @abc.abstractmethod
+    def toolchains(self) -> Sequence[str]:
+        """Toolchain ids served."""
+
+    @abc.abstractmethod
+    def resources(self) -> Mapping[str, float]:
+        """Ray resources needed (e.g. {"CPU": 1, "cpu_slot_0": 1} or {"GPU": 1})."""
+
+    @abc.abstractmethod
+    def device_description(self, target: Target) -> DeviceDescription:
+        """The device as stored in rows."""
+
+    @abc.abstractmethod
+    def build(self, inp: BuildInput) -> BuildResult:
+        """Build in isolation; never raises for candidate faults."""
+
+    @abc.abstractmethod
+    def measure(self, inp: MeasureInput) -> MeasureResult:
+        """Measure in isolation; never raises for candidate faults."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the worker process and device."""
