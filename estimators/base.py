@@ -1,0 +1,59 @@
+"""The CostEstimator interface: how the search gets costs.
+
+The RFC's estimator answers one candidate at a time. Here the search asks in **batches**: every
+candidate that a Dijkstra expansion needs is requested together, so a farm-backed estimator can
+dedupe them by fingerprint and measure the missing ones in parallel. Estimators compose: a cost
+table answers what it knows, the farm measures the rest, an analytic bound answers when offline.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from collage_farm.candidate import CandidatePartition
+from collage_farm.cost import Cost
+
+
+@dataclass(frozen=True)
+class EstimatorStats:
+    """What an estimator did, for campaign summaries."""
+
+    requested: int = 0  # candidate costs asked for
+    distinct: int = 0  # distinct fingerprints among them
+    cache_hits: int = 0  # answered from a table or memo
+    measured: int = 0  # sent to runners
+    pruned: int = 0  # skipped by a lower bound
+    analytic: int = 0  # answered by a formula
+    failed: int = 0  # answered invalid by a failure
+
+
+class CostEstimator(abc.ABC):
+    """Gives a `Cost` for each candidate partition.
+
+    Contract:
+    * `estimate` returns one `Cost` per candidate, in order; equal fingerprints get equal costs.
+    * A candidate that cannot be built or run costs `Cost.invalid()`; a cost nobody knows is
+      `Cost.unknown()` (the search treats unknown as unusable and reports it).
+    * Implementations may memoise by fingerprint; calling twice with the same candidates must
+      not measure twice.
+    * `label` says where costs come from ("mock", "table", "farm", "analytic"); every output
+      that shows costs names it, so mock costs are never mistaken for measurements.
+    """
+
+    label: str = "estimator"
+
+    @abc.abstractmethod
+    def estimate(self, candidates: Sequence[CandidatePartition]) -> list[Cost]:
+        """Costs for a batch of candidates."""
+
+    def lower_bound(self, candidate: CandidatePartition) -> Cost:
+        """A cost no measurement of this candidate can beat; 0 when nothing better is known."""
+        return Cost.zero()
+
+    def stats(self) -> EstimatorStats:
+        return EstimatorStats()
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Flush and release resources."""
