@@ -43,6 +43,8 @@ class CostEstimator(abc.ABC):
     """
 
     label: str = "estimator"
+    #: True when `lower_bound` is informative, so the search may evaluate edges lazily
+    has_lower_bound: bool = False
 
     @abc.abstractmethod
     def estimate(self, candidates: Sequence[CandidatePartition]) -> list[Cost]:
