@@ -211,7 +211,8 @@ def _attr_value(a: onnx.AttributeProto) -> object:
         return ("graphs", len(a.graphs))
     if a.type == onnx.AttributeProto.TENSOR:
         arr = numpy_helper.to_array(a.t)
-        return ("tensor", arr.dtype.name, tuple(arr.shape), arr.tobytes() if arr.size <= 64 else b"")
+        small = arr.tobytes() if arr.size <= 64 else b""
+        return ("tensor", arr.dtype.name, tuple(arr.shape), small)
     v = helper.get_attribute_value(a)
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
@@ -252,8 +253,9 @@ def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Mod
             # load_external_data resolves weights stored beside the file (2 GB+ models)
             model = onnx.load(str(path), load_external_data=True)
         except Exception as e:  # protobuf DecodeError, truncated files, missing data files
-            raise ModelError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})")
-        if not model.HasField("graph") or (len(model.graph.node) == 0 and not model.graph.output):
+            raise ModelError(
+                f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+        if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
             raise ModelError(f"{where}: parsed, but holds no ONNX graph")
         return model
     try:
@@ -291,7 +293,8 @@ def _bind_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
     for inp in runtime_inputs:
         tt = inp.type.tensor_type
         if not inp.type.HasField("tensor_type"):
-            raise ModelError(f"input {inp.name!r} is not a tensor (sequence/map inputs unsupported)")
+            raise ModelError(
+                f"input {inp.name!r} is not a tensor (sequence/map inputs unsupported)")
         if inp.name in shapes:
             want = list(shapes[inp.name])
             if tt.HasField("shape") and len(tt.shape.dim) not in (0, len(want)):
@@ -410,7 +413,8 @@ def _probe_shapes(model: onnx.ModelProto, missing: list[str]) -> dict[str, Tenso
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
         outs = sess.run(missing, random_inputs(model))
     except Exception as e:
         raise ModelError(

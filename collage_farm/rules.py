@@ -171,7 +171,8 @@ class PatternPartitionRule(PartitionRule):
 
 
 _HOST_OPS = frozenset(
-    ["Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Range", "ConstantOfShape", "Reshape", "Add", "Sub", "Mul", "Div", "Equal", "Where", "Expand"]
+    "Shape Size Gather Unsqueeze Squeeze Concat Slice Cast Range ConstantOfShape Reshape "
+    "Add Sub Mul Div Equal Where Expand".split()
 )
 
 
@@ -195,7 +196,8 @@ class HostPartitionRule(PartitionRule):
             if infos and all(
                 i.dtype in ("int64", "int32") and i.size <= self.max_elements for i in infos
             ):
-                out.append(CandidatePartition(SubGraph(graph, 1 << n.index), spec.target, self.name))
+                sg = SubGraph(graph, 1 << n.index)
+                out.append(CandidatePartition(sg, spec.target, self.name))
         return out
 
 
@@ -244,7 +246,8 @@ class PrimitivePartitionRule(PartitionRule):
     name: str = "primitive"
 
     def candidates(self, graph: DataflowGraph, spec: PartitionSpec) -> list[CandidatePartition]:
-        return [replace(c, rule=f"primitive({c.rule})") for c in self.sub_rule.candidates(graph, spec)]
+        return [replace(c, rule=f"primitive({c.rule})")
+                for c in self.sub_rule.candidates(graph, spec)]
 
 
 class CombinerRule(abc.ABC):
