@@ -1,0 +1,210 @@
+"""Search laws on random DAGs: valid candidates, exact covers, optimality vs brute force."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collage_farm.cost import Cost
+from collage_farm.graph import load_graph
+from collage_farm.rules import (
+    ANY,
+    PartitionSpec,
+    PatternPartitionRule,
+    RuleOptions,
+    all_candidates,
+    default_spec,
+    op,
+)
+from collage_farm.search import HOST, NoCoverError, search
+from collage_farm.subgraph import SubGraphConfig
+from collage_farm.target import BUILTIN_TARGETS as T
+from collage_farm.transition import AnalyticTransitionModel, ZeroTransitionModel
+from estimators.base import CostEstimator
+from tests.strategies import dags
+
+
+class HashEstimator(CostEstimator):
+    """Deterministic pseudo-random costs from the fingerprint; some candidates fail."""
+
+    label = "test-hash"
+
+    def __init__(self, fail_ratio: float = 0.0, bound: bool = False) -> None:
+        self.fail_ratio = fail_ratio
+        self.has_lower_bound = bound
+        self.asked: list[str] = []
+
+    def cost(self, c) -> Cost:
+        h = int(hashlib.sha256(c.fingerprint.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        if h < self.fail_ratio:
+            return Cost.invalid()
+        return Cost(1e-5 * (0.3 + h) * len(c.sub_graph) ** 0.7)
+
+    def estimate(self, cands):
+        self.asked += [c.fingerprint for c in cands]
+        return [self.cost(c) for c in cands]
+
+    def lower_bound(self, c) -> Cost:
+        return Cost(0.3e-5 * len(c.sub_graph) ** 0.7 * 0.99)
+
+
+TARGET_SETS = {
+    "cpu": ("ort-cpu", "openvino-cpu"),
+    "mixed": ("ort-cpu", "ort-cuda"),
+    "three": ("ort-cpu", "openvino-cpu", "ort-cuda"),
+}
+
+
+def _cands(g, names, depth=3, style="graph"):
+    specs = [default_spec(T[n], lambda nd, gr: True, style, RuleOptions(max_depth=depth))
+             for n in names]
+    return all_candidates(g, specs)
+
+
+def brute_force(g, cands, est, transition):
+    """Exhaustive enumeration under the search's edge rules, costs computed per path."""
+    full = g.all_mask
+    by_first = {}
+    for c in cands:
+        by_first.setdefault(c.sub_graph.first, []).append(c)
+    outs = set(g.graph_outputs)
+    best = math.inf
+
+    def penalty(c, devmap):
+        sg = c.sub_graph
+        pen = transition.launch_s(c.target)
+        for t in sg.input_tensors:
+            nb = g.tensors[t].nbytes
+            pen += transition.handoff_s(c.target, nb)
+            p = g.producer.get(t)
+            src = HOST if p is None else devmap[p]
+            pen += transition.transfer_s(src, c.target.device, nb)
+        for t in sg.output_tensors:
+            nb = g.tensors[t].nbytes
+            pen += transition.handoff_s(c.target, nb)
+            if t in outs:
+                pen += transition.transfer_s(c.target.device, HOST, nb)
+        return pen
+
+    def rec(covered, devmap, total):
+        nonlocal best
+        if total >= best:
+            return
+        if covered == full:
+            best = total
+            return
+        low = ~covered & full
+        f = (low & -low).bit_length() - 1
+        for c in by_first.get(f, []):
+            if c.mask & covered or c.sub_graph.input_mask & ~covered:
+                continue
+            cost = est.cost(c)
+            if not cost.is_known:
+                continue
+            dm = dict(devmap)
+            for i in c.sub_graph.indices:
+                dm[i] = c.target.device
+            rec(covered | c.mask, dm, total + cost.seconds + penalty(c, devmap))
+
+    rec(0, {}, 0.0)
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(dags(max_nodes=8), st.sampled_from(sorted(TARGET_SETS)), st.booleans(),
+       st.sampled_from(["graph", "fuseops", "library"]))
+def test_dijkstra_equals_brute_force(model, tset, zero, style):
+    g = load_graph(model)
+    cands = _cands(g, TARGET_SETS[tset], style=style)
+    transition = ZeroTransitionModel() if zero else AnalyticTransitionModel(scale=3.0)
+    est = HashEstimator(fail_ratio=0.1)
+    expected = brute_force(g, cands, est, transition)
+    if math.isinf(expected):
+        with pytest.raises(NoCoverError):
+            search(g, cands, est, transition)
+        return
+    r = search(g, cands, est, transition)
+    assert r.total_s == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    # lazy evaluation with lower bounds gives the same optimum
+    lazy = search(g, cands, HashEstimator(fail_ratio=0.1, bound=True), transition)
+    assert lazy.total_s == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert lazy.lazy and lazy.distinct_estimated <= r.distinct_estimated
+
+
+@settings(max_examples=60, deadline=None)
+@given(dags(max_nodes=10), st.sampled_from(sorted(TARGET_SETS)))
+def test_candidates_valid_and_plan_covers_once(model, tset):
+    g = load_graph(model)
+    cfg = SubGraphConfig(max_depth=3, max_exits=2, allow_taps=False)
+    cands = _cands(g, TARGET_SETS[tset])
+    for c in cands:
+        assert c.sub_graph.is_valid(cfg), c
+    r = search(g, cands, HashEstimator())
+    seen = 0
+    executed = set(g.graph_inputs) | set(g.initializers)
+    for p in r.partitions:
+        assert not seen & p.candidate.mask
+        seen |= p.candidate.mask
+        # partitions come in execution order: inputs already computed
+        assert set(p.candidate.sub_graph.input_tensors) <= executed
+        executed |= {o for n in p.candidate.sub_graph.nodes for o in n.outputs}
+    assert seen == g.all_mask
+
+
+@settings(max_examples=40, deadline=None)
+@given(dags(max_nodes=10), st.sampled_from(sorted(TARGET_SETS)))
+def test_plan_never_costlier_than_single_target_covers(model, tset):
+    g = load_graph(model)
+    cands = _cands(g, TARGET_SETS[tset])
+    est = HashEstimator(fail_ratio=0.05)
+    tr = AnalyticTransitionModel()
+    try:
+        best = search(g, cands, est, tr).total_s
+    except NoCoverError:
+        return
+    for name in TARGET_SETS[tset]:
+        only = [c for c in cands if c.target.name == name]
+        try:
+            single = search(g, only, est, tr).total_s
+        except NoCoverError:
+            continue
+        assert best <= single + 1e-15
+
+
+def test_uncoverable_node_is_named():
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="ok"),
+             helper.make_node("Sigmoid", ["a"], ["y"], name="lonely")]
+    g_ = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, 4])],
+                           [helper.make_tensor_value_info("y", 1, [1, 4])])
+    m = helper.make_model(g_, opset_imports=[helper.make_opsetid("", 17)])
+    g = load_graph(m)
+    cands = all_candidates(g, [default_spec(T["ort-cpu"], lambda n, gr: n.op_type == "Relu")])
+    with pytest.raises(NoCoverError, match="lonely") as ei:
+        search(g, cands, HashEstimator())
+    assert ei.value.node == "lonely"
+    del np, TensorProto
+
+
+def test_patterns_match_conv_add_relu():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Add", ["x", "c"], ["a"], name="add"),  # conv on the right
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    g_ = helper.make_graph(nodes, "g",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+                           [w])
+    g = load_graph(helper.make_model(g_, opset_imports=[helper.make_opsetid("", 17)]))
+    rule = PatternPartitionRule(op("Relu", op("Add", op("Conv"), ANY, commutative=True)))
+    cands = rule.candidates(g, PartitionSpec(rule, T["ort-cpu"]))
+    assert [sorted(c.node_names) for c in cands] == [["add", "conv", "relu"]]

@@ -1,0 +1,108 @@
+"""SubGraph laws: convexity against a path-search definition, boundary sets, extraction."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collage_farm.graph import DataflowGraph, load_graph, random_inputs
+from collage_farm.subgraph import SubGraph, SubGraphConfig
+from tests.strategies import dags
+
+
+def _convex_by_paths(g: DataflowGraph, inside: set[int]) -> bool:
+    """Definition: no path inside -> outside -> ... -> inside."""
+    for i in inside:
+        stack = [s for s in g.nodes[i].succs if s not in inside]
+        seen = set(stack)
+        while stack:
+            x = stack.pop()
+            for s in g.nodes[x].succs:
+                if s in inside:
+                    return False
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+    return True
+
+
+@settings(max_examples=80, deadline=None)
+@given(dags(min_nodes=2, max_nodes=10), st.data())
+def test_convexity_and_boundaries(model, data):
+    g = load_graph(model)
+    idx = data.draw(st.sets(st.integers(0, len(g) - 1), min_size=1))
+    sg = SubGraph.of(g, idx)
+    assert sg.is_convex == _convex_by_paths(g, idx)
+    for i in range(len(g)):
+        n = g.nodes[i]
+        inside = i in idx
+        assert (sg.input_mask >> i & 1) == (not inside and any(s in idx for s in n.succs))
+        assert (sg.output_mask >> i & 1) == (not inside and any(p in idx for p in n.preds))
+        if inside:
+            ext = n.is_external or any(s not in idx for s in n.succs)
+            assert bool(sg.exit_mask >> i & 1) == ext
+    assert sg.is_valid(SubGraphConfig(max_depth=1)) == (sg.is_convex and sg.depth <= 1)
+
+
+def _all_tensors(model: onnx.ModelProto, g: DataflowGraph, feeds) -> dict[str, np.ndarray]:
+    m = onnx.ModelProto()
+    m.CopyFrom(g.model)
+    del m.graph.output[:]
+    names = [o for n in g.nodes for o in n.outputs if o]
+    for t in names:
+        info = g.tensors[t]
+        m.graph.output.append(onnx.helper.make_tensor_value_info(t, info.elem_type,
+                                                                 list(info.shape)))
+    m.ir_version = 10
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip(names, s.run(names, feeds)))
+
+
+def check_extraction(g: DataflowGraph, sg: SubGraph, ref: dict[str, np.ndarray], feeds) -> None:
+    sub = sg.extract()
+    assert sub.ir_version <= 10
+    s = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
+    sfeeds = {t: (feeds[t] if t in feeds else ref[t]) for t in sg.input_tensors}
+    outs = s.run(list(sg.output_tensors), sfeeds)
+    for name, val in zip(sg.output_tensors, outs):
+        np.testing.assert_allclose(val, ref[name], rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(dags(min_nodes=2, max_nodes=10), st.data())
+def test_extraction_reproduces_intermediates(model, data):
+    g = load_graph(model)
+    feeds = random_inputs(g)
+    ref = _all_tensors(model, g, feeds)
+    idx = data.draw(st.sets(st.integers(0, len(g) - 1), min_size=1))
+    sg = SubGraph.of(g, idx)
+    if sg.is_convex:
+        check_extraction(g, sg, ref, feeds)
+
+
+def test_extraction_never_reruns_shape_inference(monkeypatch):
+    # thousands of candidates per model: shape inference runs once per model, at load
+    g = load_graph(_chain(200))
+
+    def boom(*a, **k):
+        raise AssertionError("shape inference called during extraction")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", boom)
+    sub = SubGraph.of(g, range(50, 80)).extract()
+    assert len(sub.graph.node) == 30 and sub.graph.output[0].type.tensor_type.shape.dim
+
+
+def _chain(n: int) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu" if i % 2 else "Sigmoid", [f"t{i}"], [f"t{i + 1}"],
+                              name=f"n{i}") for i in range(n)]
+    g = helper.make_graph(nodes, "chain",
+                          [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m
