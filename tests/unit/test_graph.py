@@ -94,7 +94,7 @@ def test_cyclic_graph_is_an_error():
 
 def test_missing_initializer_and_duplicate_outputs():
     nodes = [helper.make_node("MatMul", ["x", "w_missing"], ["y"], name="mm")]
-    with pytest.raises(ModelError, match="w_missing.*missing initializer"):
+    with pytest.raises(ModelError, match=r"w_missing.*missing initializer"):
         load_graph(_model(nodes, [_vi("x", [1, 4])], [_vi("y", [1, 4])]))
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     with pytest.raises(ModelError, match="duplicate graph output"):
@@ -106,11 +106,11 @@ def test_truncated_and_random_files(tmp_path):
     good = _model(nodes, [_vi("x", [1, 4])], [_vi("y", [1, 4])]).SerializeToString()
     p = tmp_path / "trunc.onnx"
     p.write_bytes(good[: len(good) // 2])
-    with pytest.raises(ModelError, match="trunc.onnx"):
+    with pytest.raises(ModelError, match=r"trunc\.onnx"):
         load_graph(p)
     r = tmp_path / "random.onnx"
     r.write_bytes(np.random.default_rng(0).bytes(300))
-    with pytest.raises(ModelError, match="random.onnx"):
+    with pytest.raises(ModelError, match=r"random\.onnx"):
         load_graph(r)
     with pytest.raises(ModelError, match="no such file"):
         load_graph(tmp_path / "absent.onnx")
