@@ -1,0 +1,236 @@
+"""The ``collage-farm`` command line.
+
+Subcommands: ``tune`` (a campaign: phases 1-4), ``zoo`` (built-in models), ``costs`` (cost
+tables), ``targets`` (target configurations), ``cluster`` (cluster.yaml checks), ``run`` and
+``compare`` where available. Every user error (bad model, unknown target, missing cost, bad
+config) prints one clear line on stderr and exits with status 2; nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="find the fastest mix of toolchains for a model")
+    p.add_argument("model", help="an ONNX file, or zoo:NAME (see `collage-farm zoo list`)")
+    p.add_argument("--targets", default="ort-cpu,openvino-cpu",
+                   help="comma-separated target names (default: ort-cpu,openvino-cpu)")
+    p.add_argument("--out", default="out", help="plan directory (default: ./out)")
+    p.add_argument("--shape", action="append", default=[], metavar="INPUT=DxDx...",
+                   help="bind a dynamic input shape, e.g. --shape input=1x3x224x224")
+    p.add_argument("--layers", type=int, help="layers for zoo transformer models")
+    p.add_argument("--cost-table", help="Parquet cost table directory (default: OUT/costs)")
+    p.add_argument("--address", help="join a Ray cluster: auto | ray://HOST:PORT "
+                   "(default: RAY_ADDRESS, else an embedded local Ray)")
+    p.add_argument("--offline", action="store_true",
+                   help="use the cost table only: no Ray, no runners")
+    p.add_argument("--allow-analytic", action="store_true",
+                   help="with --offline: answer missing costs with the analytic estimator")
+    p.add_argument("--mock", action="store_true",
+                   help="deterministic fake costs (for trying the search; labelled 'mock')")
+    p.add_argument("--no-prune", action="store_true",
+                   help="measure every candidate (no lower-bound pruning)")
+    p.add_argument("--max-depth", type=int, default=4, help="candidate depth limit (default 4)")
+    p.add_argument("--strictness", default="exact", choices=["exact", "device", "any"],
+                   help="cost-table matching (see README)")
+    p.add_argument("--num-cpus", type=int, help="CPUs for the embedded Ray")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    try:
+        from collage_farm.cli_targets import add_config_args
+
+        add_config_args(p)
+    except ImportError:  # pragma: no cover - config module not installed
+        pass
+
+
+def _run_tune(args: argparse.Namespace) -> int:
+    import os
+
+    from collage_farm.campaign import TuneOptions, run_tune
+    from collage_farm.graph import parse_shape
+    from collage_farm.rules import RuleOptions
+
+    shapes = dict(parse_shape(s) for s in args.shape)
+    targets, transition, pins, rule_options = _targets_from_args(args)
+    estimator = "mock" if args.mock else "offline" if args.offline else "farm"
+    address = args.address or os.environ.get("RAY_ADDRESS") or None
+    opts = TuneOptions(
+        model=args.model,
+        targets=tuple(targets),
+        out=Path(args.out),
+        shapes=shapes,
+        layers=args.layers,
+        estimator=estimator,
+        cost_table=Path(args.cost_table) if args.cost_table else None,
+        address=address,
+        allow_analytic=args.allow_analytic,
+        prune=not args.no_prune,
+        rule_options=rule_options or RuleOptions(max_depth=args.max_depth),
+        transition=transition,
+        pins=pins,
+        strictness=args.strictness,
+        num_cpus=args.num_cpus,
+    )
+    summary = run_tune(opts)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _targets_from_args(args: argparse.Namespace):
+    """Targets, transition model, pins and rule options from --targets and config files."""
+    from collage_farm.rules import RuleOptions
+    from collage_farm.target import parse_targets
+
+    try:
+        from collage_farm.cli_targets import config_from_args
+    except ImportError:  # pragma: no cover
+        config_from_args = None
+    cfg = config_from_args(args) if config_from_args else None
+    if cfg is None:
+        return parse_targets(args.targets), None, None, None
+    targets = cfg.resolve_targets(args.targets)
+    limits = getattr(cfg, "subgraph_limits", None)
+    opts = None
+    if limits is not None:
+        opts = RuleOptions(
+            max_depth=getattr(limits, "max_depth", None) or args.max_depth,
+            max_exits=getattr(limits, "max_exits", 2),
+            allow_taps=getattr(limits, "allow_taps", False),
+        )
+    pins = getattr(cfg, "pin_set", None) or (getattr(cfg, "pins", None) or None)
+    return targets, cfg.transition, pins, opts
+
+
+def _print_summary(s: dict) -> None:
+    est = s["estimator"]
+    warn = "  (MOCK COSTS: not measurements)" if est == "mock" else ""
+    print(f"model {s['model']}: {s['nodes']} nodes, {s['candidates']} candidates, "
+          f"{s['distinct_fingerprints']} distinct fingerprints")
+    print(f"costs from {est}{warn}: {s['measured']} measured, {s['cache_hits']} cache hits, "
+          f"{s['pruned']} pruned, {s['failed']} failed")
+    per = ", ".join(f"{k}: {v}" for k, v in s["partitions_per_target"].items())
+    print(f"plan: {s['partitions']} partitions ({per}); estimated "
+          f"{s['estimated_total_s'] * 1e3:.3f} ms{warn}")
+    for key in ("plan_measured_s", "best_single_target", "speedup_vs_best_single"):
+        if key in s:
+            print(f"  {key}: {s[key]}")
+    print(f"search {s['search_s']:.2f} s, wall {s['wall_s']:.2f} s; plan in {s['plan']}")
+
+
+def _add_zoo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("zoo", help="built-in models (built in code, seeded weights)")
+    zs = p.add_subparsers(dest="zoo_cmd", required=True)
+    zs.add_parser("list", help="list the models")
+    e = zs.add_parser("export", help="write a model to an ONNX file")
+    e.add_argument("name")
+    e.add_argument("-o", "--output", required=True)
+    e.add_argument("--layers", type=int)
+    e.add_argument("--seed", type=int, default=0)
+
+
+def _run_zoo(args: argparse.Namespace) -> int:
+    from collage_farm import zoo
+
+    if args.zoo_cmd == "list":
+        for name in zoo.names():
+            print(f"{name:14s} {zoo.describe(name)}")
+        return 0
+    kw = {"seed": args.seed}
+    if args.layers is not None:
+        kw["layers"] = args.layers
+    try:
+        zoo.export(args.name, args.output, **kw)
+    except KeyError as e:
+        raise _UserError(str(e.args[0]) if e.args else str(e)) from None
+    print(f"wrote {args.output}")
+    return 0
+
+
+class _UserError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="collage-farm",
+        description="Collage partition search over ONNX models with a Ray measurement farm.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _add_tune(sub)
+    _add_zoo(sub)
+    for mod, adder in (("collage_farm.cli_costs", "add_costs_parser"),
+                       ("collage_farm.cli_targets", "add_targets_parser"),
+                       ("collage_farm.cli_cluster", "add_cluster_parser"),
+                       ("collage_farm.cli_run", "add_run_parser")):
+        try:
+            module = __import__(mod, fromlist=[adder])
+        except ImportError:
+            continue
+        getattr(module, adder)(sub)
+    return parser
+
+
+_RUNNERS = {
+    "costs": ("collage_farm.cli_costs", "run_costs"),
+    "targets": ("collage_farm.cli_targets", "run_targets"),
+    "cluster": ("collage_farm.cli_cluster", "run_cluster"),
+    "run": ("collage_farm.cli_run", "run_run"),
+    "compare": ("collage_farm.cli_run", "run_compare"),
+}
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from collage_farm.graph import ModelError
+    from collage_farm.plan import PlanError
+    from collage_farm.search import NoCoverError
+    from collage_farm.target import UnknownTargetError
+
+    errs: list[type[BaseException]] = [ModelError, PlanError, NoCoverError, UnknownTargetError,
+                                       _UserError, FileNotFoundError]
+    for mod, name in (("collage_farm.config", "ConfigError"),
+                      ("estimators.table", "MissingCostsError")):
+        with contextlib.suppress(ImportError, AttributeError):
+            errs.append(getattr(__import__(mod, fromlist=[name]), name))
+    return tuple(errs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    errors = _user_errors()
+    try:
+        if args.cmd == "tune":
+            return _run_tune(args)
+        if args.cmd == "zoo":
+            return _run_zoo(args)
+        mod, fn = _RUNNERS[args.cmd]
+        return int(getattr(__import__(mod, fromlist=[fn]), fn)(args))
+    except errors as e:
+        print(f"collage-farm {args.cmd}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"collage-farm {args.cmd}: interrupted; measured rows are in the cost table",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
