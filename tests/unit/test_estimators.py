@@ -1,0 +1,259 @@
+"""Estimators without Ray: analytic bound vs real ORT timings, table misses, mock determinism."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from collage_farm.candidate import CandidatePartition
+from collage_farm.cost import Cost
+from collage_farm.graph import DataflowGraph, load_graph
+from collage_farm.subgraph import SubGraph
+from collage_farm.target import BUILTIN_TARGETS, CPU0, Target
+from estimators.analytic import FAST_CONV_FACTOR, AnalyticEstimator, node_flops, sub_graph_work
+from estimators.mock import MockEstimator
+from estimators.table import MissingCostsError, TableEstimator
+
+ORT = BUILTIN_TARGETS["ort-cpu"]
+
+
+def _zoo():
+    return pytest.importorskip("collage_farm.zoo", reason="model zoo not installed")
+
+
+def _conv_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w")
+    wm = numpy_helper.from_array(rng.standard_normal((16 * 8 * 8, 10)).astype(np.float32), "wm")
+    shape = numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "shape")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Reshape", ["r", "shape"], ["f"], name="flat"),
+        helper.make_node("MatMul", ["f", "wm"], ["y"], name="fc"),
+    ]
+    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], [w, wm, shape])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.fixture(scope="module")
+def tiny() -> DataflowGraph:
+    return load_graph(_conv_model(), name="tiny")
+
+
+def _cand(g: DataflowGraph, names: list[str], target: Target = ORT) -> CandidatePartition:
+    idx = [g.node_by_name(n).index for n in names]
+    return CandidatePartition(SubGraph.of(g, idx), target)
+
+
+# ------------------------------------------------------------------------------------------
+# analytic
+
+
+def test_flop_formulas(tiny: DataflowGraph) -> None:
+    conv = tiny.node_by_name("conv")
+    # 2 x out(1*16*8*8) x Cin*k*k (8*3*3), over the Winograd allowance for k > 1
+    assert node_flops(conv, tiny) == 2 * 16 * 8 * 8 * 8 * 3 * 3 / FAST_CONV_FACTOR
+    fc = tiny.node_by_name("fc")
+    assert node_flops(fc, tiny) == 2 * 10 * 1024
+    assert node_flops(tiny.node_by_name("relu"), tiny) == 16 * 8 * 8
+    assert node_flops(tiny.node_by_name("flat"), tiny) == 0
+    w = sub_graph_work(_cand(tiny, ["conv", "relu"]).sub_graph)
+    assert w.boundary_bytes == 4 * (8 * 8 * 8 + 16 * 8 * 8)  # x in, r out
+    assert w.weight_bytes == 4 * 16 * 8 * 9
+
+
+def test_analytic_bound_is_monotone_and_labelled(tiny: DataflowGraph) -> None:
+    est = AnalyticEstimator()
+    small = _cand(tiny, ["conv"])
+    big = _cand(tiny, ["conv", "relu", "flat", "fc"])
+    assert 0 < est.lower_bound(small).seconds <= est.lower_bound(big).seconds
+    assert est.estimate([small])[0] == est.lower_bound(small)
+    assert est.label == "analytic" and est.stats().analytic == 1
+    # devices differ; the null toolchain's synthetic costs get no physical bound
+    cuda = _cand(tiny, ["conv"], BUILTIN_TARGETS["ort-cuda"])
+    assert est.lower_bound(cuda).seconds < est.lower_bound(small).seconds
+    null = _cand(tiny, ["conv"], Target.make("null", "null", CPU0))
+    assert est.lower_bound(null) == Cost.zero()
+    # overridable peaks: a slower CPU peak raises the bound
+    from estimators.analytic import DevicePeak
+
+    slow = AnalyticEstimator({"cpu": DevicePeak(1e9, 1e9, 0.0)})
+    assert slow.lower_bound(small).seconds > est.lower_bound(small).seconds
+
+
+def _zoo_candidates() -> list[CandidatePartition]:
+    zoo = _zoo()
+    out: list[CandidatePartition] = []
+    picks = {
+        "mnist": ({}, [["Conv"], ["Conv", "Add", "Relu"], ["MatMul"], ["MaxPool"]]),
+        "resnet18": ({"image_size": 64}, [["Conv"], ["Conv", "Relu"], ["GlobalAveragePool"],
+                                          ["Gemm"]]),
+        "mobilenet_v2": ({"image_size": 64, "width_mult": 0.5}, [["Conv"], ["Conv", "Clip"]]),
+        "bert": ({"layers": 1, "width": 128, "heads": 2, "vocab": 1000, "seq_len": 32},
+                 [["MatMul"], ["Softmax"], ["LayerNormalization"], ["MatMul", "Add"]]),
+    }
+    for name, (kw, patterns) in picks.items():
+        g = load_graph(zoo.build(name, **kw), name=name)
+        for pat in patterns:
+            found = _first_chain(g, pat)
+            if found is not None:
+                out.append(CandidatePartition(SubGraph.of(g, found), ORT))
+    return out
+
+
+def _first_chain(g: DataflowGraph, ops: list[str]) -> list[int] | None:
+    """The first path of nodes with these op types, each feeding the next."""
+    for n in g.nodes:
+        if n.op_type != ops[0]:
+            continue
+        chain = [n.index]
+        cur = n
+        for op in ops[1:]:
+            nxt = next((g.nodes[s] for s in cur.succs if g.nodes[s].op_type == op), None)
+            if nxt is None:
+                break
+            chain.append(nxt.index)
+            cur = nxt
+        else:
+            return chain
+    return None
+
+
+def test_analytic_bound_below_real_ort_measurements() -> None:
+    from runners.base import BuildInput, MeasureConfig, MeasureInput
+    from runners.registry import get_toolchain
+
+    tc = get_toolchain("ort-cpu")
+    if tc.available() is not None:
+        pytest.skip(f"ort-cpu unavailable: {tc.available()}")
+    cands = _zoo_candidates()
+    assert len(cands) >= 8
+    est = AnalyticEstimator()
+    cfg = MeasureConfig(warmup_runs=2, rounds=3, min_round_runs=3, min_round_s=0.002)
+    checked = 0
+    for c in cands:
+        b = tc.build(BuildInput(c.fingerprint, c.target, c.sub_graph.extract().SerializeToString()))
+        assert b.ok, b.error
+        m = tc.measure(MeasureInput(b, cfg))
+        assert m.ok, m.error
+        bound = est.lower_bound(c).seconds
+        fastest = min(m.samples)
+        assert 0 < bound <= fastest, (c.label(), bound, fastest)
+        checked += 1
+    assert checked == len(cands)
+
+
+# ------------------------------------------------------------------------------------------
+# mock
+
+
+def test_mock_is_deterministic_and_structural(tiny: DataflowGraph) -> None:
+    c1 = _cand(tiny, ["conv", "relu"])
+    again = load_graph(_conv_model(), name="other-name")
+    c2 = _cand(again, ["conv", "relu"])
+    assert c1.fingerprint == c2.fingerprint
+    a, b = MockEstimator(), MockEstimator()
+    assert a.estimate([c1]) == b.estimate([c2])
+    assert MockEstimator(seed=1).estimate([c1]) != a.estimate([c1])
+    other = _cand(tiny, ["conv", "relu"], BUILTIN_TARGETS["openvino-cpu"])
+    assert a.estimate([other]) != a.estimate([c1])
+    assert a.lower_bound(c1).seconds <= a.estimate([c1])[0].seconds
+    assert a.label == "mock"
+    bad = MockEstimator(invalid_ops=[("ort-cpu", "Relu")])
+    assert bad.estimate([c1])[0].is_invalid and bad.stats().failed == 1
+    # fusion pays: two nodes in one partition cost less than apart (one launch saved)
+    apart = a.estimate([_cand(tiny, ["conv"])])[0] + a.estimate([_cand(tiny, ["relu"])])[0]
+    assert a.estimate([c1])[0] < apart
+
+
+def test_mock_drives_a_search() -> None:
+    zoo = _zoo()
+    from collage_farm.rules import RuleOptions, all_candidates, default_spec
+    from collage_farm.search import search
+    from runners.registry import capabilities_for
+
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    targets = [BUILTIN_TARGETS["ort-cpu"], BUILTIN_TARGETS["openvino-cpu"]]
+    specs = []
+    for t in targets:
+        caps = capabilities_for(t.toolchain)
+        specs.append(default_spec(t, caps.supports, caps.style, RuleOptions(max_depth=3)))
+    cands = all_candidates(g, specs)
+    r1 = search(g, cands, MockEstimator(), lazy=True)
+    r2 = search(g, cands, MockEstimator(), lazy=False)
+    assert math.isclose(r1.total_s, r2.total_s, rel_tol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------
+# table
+
+
+def _write_rows(path: Path, cands: list[CandidatePartition], seconds: float = 1e-4,
+                status: str = "ok") -> None:
+    from collage_farm.costtable import CostTableWriter, row_from_result
+    from runners.base import MeasureConfig, MeasureResult, Status, Summary
+
+    with CostTableWriter(path, campaign_id="t", background=False) as w:
+        for c in cands:
+            if status == "ok":
+                samples = (seconds, seconds * 1.01, seconds * 0.99)
+                res = MeasureResult(c.fingerprint, c.target, Status.OK, MeasureConfig(),
+                                    samples=samples, summary=Summary.of(samples))
+            else:
+                res = MeasureResult.failed(
+                    type("B", (), {"fingerprint": c.fingerprint, "target": c.target})(),
+                    Status(status), "boom", MeasureConfig())
+            w.append(row_from_result(res, campaign_id="t", model="tiny", nodes=c.node_names,
+                                     op_types=c.op_types))
+
+
+def test_table_estimator_hits_misses_and_analytic(tmp_path: Path, tiny: DataflowGraph) -> None:
+    pytest.importorskip("collage_farm.costtable")
+    have = [_cand(tiny, ["conv"]), _cand(tiny, ["relu"])]
+    failed = [_cand(tiny, ["flat"])]
+    missing = [_cand(tiny, ["fc"]), _cand(tiny, ["conv", "relu"])]
+    table = tmp_path / "costs"
+    _write_rows(table, have, 2e-4)
+    _write_rows(table, failed, status="build_failed")
+
+    est = TableEstimator(table)
+    got = est.estimate(have + failed)
+    assert [c.seconds for c in got[:2]] == [pytest.approx(2e-4)] * 2
+    assert got[2].is_invalid
+    with pytest.raises(MissingCostsError) as info:
+        est.estimate(have + missing)
+    err = info.value
+    assert {m.fingerprint for m in err.missing} == {c.fingerprint for c in missing}
+    text = str(err)
+    assert "2 candidate cost(s) are not in the cost table" in text
+    assert "--allow-analytic" in text and missing[0].label() in text
+
+    coll = TableEstimator(table, on_missing="collect")
+    out = coll.estimate(have + missing)
+    assert out[2].is_unknown and len(coll.missing) == 2
+    with pytest.raises(MissingCostsError):
+        coll.check()
+
+    an = TableEstimator(table, allow_analytic=True)
+    out = an.estimate(have + missing)
+    assert all(c.is_known for c in out)
+    assert an.label == "table+analytic"
+    assert an.source(missing[0]) == "analytic" and an.source(have[0]) == "table"
+    st = an.stats()
+    assert st.analytic == 2 and st.cache_hits == 2
+    assert out[2] == AnalyticEstimator().lower_bound(missing[0])
+
+
+def test_table_estimator_missing_dir(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        TableEstimator(tmp_path / "nope")
