@@ -542,12 +542,37 @@ def load_graph(
     del g.node[:]
     g.node.extend(new_nodes)
 
-    # shape inference, once per model
+    # shape inference, once per model. Large weights are swapped for data-less stand-ins while
+    # it runs: inference needs their dims and types only, and serialising hundreds of MB of
+    # weights into the inference call dominated load time on transformer-sized models.
+    heavy = [t for t in g.initializer if numel(t) > 4096]
+    if heavy:
+        keep = [t for t in g.initializer if numel(t) <= 4096]
+        stand_ins = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                     for t in heavy]
+        light = onnx.ModelProto()
+        light.ir_version = model.ir_version
+        light.opset_import.extend(model.opset_import)
+        light.graph.name = g.name
+        light.graph.node.extend(g.node)
+        light.graph.initializer.extend(keep)
+        light.graph.input.extend(list(g.input) + [
+            v for v in stand_ins if v.name not in {i.name for i in g.input}])
+        light.graph.output.extend(g.output)
+        light.graph.value_info.extend(g.value_info)
+    else:
+        light = model
     try:
-        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
+        inferred = shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
                                                 data_prop=True)
     except Exception as e:
         raise ModelError(f"shape inference failed: {e}") from None
+    if heavy:
+        del g.value_info[:]
+        g.value_info.extend(inferred.graph.value_info)
+        del g.output[:]
+        g.output.extend(inferred.graph.output)
+        inferred = model
     tensors: dict[str, TensorInfo] = {}
     for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(
         inferred.graph.output
@@ -612,3 +637,10 @@ def load_graph(
         descendants=desc,
         name=name,
     )
+
+
+def numel(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n

@@ -24,7 +24,7 @@ from functools import cached_property
 import onnx
 from onnx import helper
 
-from collage_farm.graph import MAX_IR_VERSION, DataflowGraph, Node
+from collage_farm.graph import MAX_IR_VERSION, DataflowGraph, Node, numel
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ class SubGraph:
                     parts.append(f"n{local[p]}.{g.nodes[p].outputs.index(t)}")
                 elif t in g.initializers:
                     init = g.initializers[t]
-                    small = init.data_type != onnx.TensorProto.FLOAT and _numel(init) <= 64
+                    small = init.data_type != onnx.TensorProto.FLOAT and numel(init) <= 64
                     val = onnx.numpy_helper.to_array(init).tobytes().hex() if small else ""
                     parts.append(f"w{sig}{val}")
                 else:
@@ -322,9 +322,3 @@ class SubGraph:
         m.graph.CopyFrom(graph)
         return m
 
-
-def _numel(t: onnx.TensorProto) -> int:
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n
