@@ -106,3 +106,33 @@ def _chain(n: int) -> onnx.ModelProto:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 10
     return m
+
+
+ZOO_SMALL = {
+    "mnist": {},
+    "resnet18": {"image_size": 32},
+    "resnet50": {"image_size": 32},
+    "mobilenet_v2": {"image_size": 32, "width_mult": 0.5},
+    "gpt2": {"layers": 2, "width": 32, "heads": 2, "vocab": 50, "seq_len": 8},
+    "bert": {"layers": 2, "width": 32, "heads": 2, "vocab": 50, "seq_len": 8},
+}
+
+
+def test_extraction_equivalence_on_zoo_models():
+    import random
+
+    from collage_farm import zoo
+    from collage_farm.rules import RuleOptions, all_candidates, default_spec
+    from collage_farm.target import BUILTIN_TARGETS
+
+    rng = random.Random(0)
+    for name, kw in ZOO_SMALL.items():
+        model = zoo.build(name, **kw)
+        g = load_graph(model, name=name)
+        feeds = random_inputs(g)
+        ref = _all_tensors(model, g, feeds)
+        spec = default_spec(BUILTIN_TARGETS["ort-cpu"], lambda n, gr: True, "graph",
+                            RuleOptions(max_depth=5, max_exits=3, allow_taps=True))
+        cands = all_candidates(g, [spec])
+        for c in rng.sample(cands, min(25, len(cands))):
+            check_extraction(g, c.sub_graph, ref, feeds)
