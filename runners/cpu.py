@@ -1,0 +1,871 @@
+"""CPU toolchains: ONNX Runtime's CPU execution provider ("ort-cpu") and OpenVINO ("openvino").
+
+Why these two, and why measured this way: they are the two graph compilers every CPU node
+offers, they live in one process, and their per-model latencies differ in both directions by
+model (field notes), so a Collage mix is worth searching for. For that search to be honest the
+two must be timed the same way and with the per-call overhead of the Python bindings taken out:
+
+* ORT: a session with graph optimisation level ALL, ``intra_op_num_threads`` =
+  ``MeasureConfig.threads``, one inter-op thread, sequential execution; the timed call is
+  ``run_with_iobinding`` with inputs bound once as OrtValues and outputs bound to preallocated
+  OrtValues (~3 us floor instead of ~7.5 us for ``run()``). Target option ``iobinding=False``
+  times plain ``run()`` instead (kept for the overhead comparison).
+* OpenVINO: ``Core().read_model`` straight from the ONNX bytes, compiled for ``CPU`` with
+  ``INFERENCE_NUM_THREADS`` = threads, ``INFERENCE_PRECISION_HINT`` = f32 (otherwise bf16 on
+  CPUs that have it, not comparable), the LATENCY hint and one stream; inputs are bound once with
+  ``ov.Tensor(x, shared_memory=True)`` and the timed call is ``req.infer()`` without arguments
+  (``infer([x])`` costs 100-150 us of Python conversion per call).
+
+Build creates the session / compiled model (that is the "compile" the cost table's build time
+means) and returns the ONNX bytes as the artifact: sessions cannot cross processes, and the farm
+may measure on another node than the one that built. Each toolchain keeps its last compiled
+handle keyed by fingerprint, artifact digest and thread count, so a build followed by a measure
+in the same worker compiles once.
+
+Inputs are seeded from the fingerprint (`collage_farm.graph.random_inputs` over the model's
+input value infos), so both toolchains, and every re-measurement, see the same data.
+
+Capabilities are tables, not imports: ORT's come from its CPU kernel registry (op type and the
+element types its kernels accept, plus standard ops ORT runs through their ONNX function body),
+OpenVINO's from probing its ONNX frontend op by op. Both were generated from the pinned versions
+(onnxruntime 1.31.1, openvino 2026.4.1) by `ort_cpu_kernel_table` / `probe_openvino_ops`; a unit
+test compares the ORT table with the installed registry so a version bump shows up.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import re
+import textwrap
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from runners.base import (
+    BuildInput,
+    BuildResult,
+    Capabilities,
+    DeviceDescription,
+    Kind,
+    MeasureConfig,
+    MeasureInput,
+    MeasureResult,
+    Status,
+    Toolchain,
+)
+from runners.measure import summarize, time_callable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from collage_farm.graph import DataflowGraph, Node
+    from collage_farm.target import Target
+
+__all__ = [
+    "OPENVINO_DTYPES",
+    "OPENVINO_OPS",
+    "ORT_CPU_KERNELS",
+    "OnnxOpTableCapabilities",
+    "OpenVinoToolchain",
+    "OrtCpuToolchain",
+    "Prepared",
+    "classify_build_error",
+    "feeds_for",
+    "seed_of",
+]
+
+# ----------------------------------------------------------------------------------------
+# capability tables
+
+#: type groups used to keep the tables short
+TYPE_GROUPS: dict[str, frozenset[str]] = {
+    "FLOAT": frozenset({"float", "double", "float16", "bfloat16"}),
+    "INT": frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}),
+    "F8": frozenset({"float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz"}),
+    "LOWBIT": frozenset({"int4", "uint4", "int2", "uint2", "float4e2m1", "float8e8m0"}),
+}
+ORT_DOMAINS = ("", "ai.onnx.ml", "com.microsoft")
+
+# onnxruntime 1.31.1 CPU EP: "Op=types" (element types any of its kernels accepts, plus the
+# fixed types of its formal parameters; "*": no tensor types, e.g. sequence ops).
+# Regenerate with: python -c "from runners.cpu import *; print(format_kernel_table(
+#     ort_cpu_kernel_table()))"
+_ORT_CPU_TEXT = {
+    '': """
+    Abs=INT,double,float Acos=float Acosh=float Add=INT,double,float Affine=float
+    AffineGrid=double,float,int64 And=bool ArgMax=double,float,int32,int64,int8,uint8
+    ArgMin=double,float,int32,int64,int8,uint8 Asin=float Asinh=float Atan=float Atanh=float
+    Attention=bool,float,float16,int64 AveragePool=float BatchNormalization=double,float
+    Bernoulli=FLOAT BitCast=FLOAT,INT BitShift=uint32,uint64,uint8 BitwiseAnd=INT BitwiseNot=INT
+    BitwiseOr=INT BitwiseXor=INT BlackmanWindow=INT,double,float
+    Cast=FLOAT,INT,F8,bool,float8e8m0,int2,int4,string,uint2,uint4 CastLike=FLOAT
+    Ceil=double,float Celu=float CenterCropPad=FLOAT
+    Clip=double,float,float16,int32,int64,int8,uint32,uint64,uint8 Col2Im=float,int64
+    Compress=FLOAT,INT,bool,string Concat=FLOAT,INT,bool,string ConcatFromSequence=*
+    ConstantOfShape=FLOAT,INT,F8,bool Conv=float ConvInteger=int32,int8,uint8
+    ConvTranspose=float Cos=double,float Cosh=float Crop=float
+    CumProd=double,float,int32,int64,uint32,uint64 CumSum=double,float,int32,int64
+    DFT=double,float,int32,int64 DeformConv=double,float DepthToSpace=double,float,int8,uint8
+    DequantizeLinear=F8,float,float16,int16,int2,int32,int4,int8,uint16,uint2,uint4,uint8
+    Det=float Div=INT,double,float Dropout=bool,double,float,float16
+    DynamicQuantizeLinear=float,uint8 DynamicSlice=FLOAT,INT,bool,string
+    Einsum=double,float,int32,int64 Elu=float Equal=INT,bool,double,float,string Erf=float
+    Exp=double,float Expand=INT,bool,double,float,float16,string
+    EyeLike=double,float,int32,int64,uint64 Flatten=FLOAT,INT,bool,string Floor=double,float
+    GRU=double,float,int32 Gather=FLOAT,INT,bool,string GatherElements=FLOAT,INT,bool,string
+    GatherND=FLOAT,INT,bool,string Gelu=float Gemm=double,float GlobalAveragePool=float
+    GlobalLpPool=float GlobalMaxPool=float Greater=INT,bool,double,float
+    GreaterOrEqual=INT,bool,double,float GridSample=double,float GroupNormalization=FLOAT
+    HammingWindow=INT,double,float HannWindow=INT,double,float HardSigmoid=float HardSwish=FLOAT
+    Hardmax=float Identity=FLOAT,INT,F8,bool,string If=FLOAT,INT,F8,bool,string
+    ImageScaler=float InstanceNormalization=float IsInf=FLOAT,F8,bool IsNaN=FLOAT,F8,bool
+    LRN=float LSTM=double,float,int32 LayerNormalization=FLOAT LeakyRelu=float
+    Less=INT,bool,double,float LessOrEqual=INT,bool,double,float Log=double,float
+    LogSoftmax=double,float Loop=FLOAT,INT,F8,bool,string LpNormalization=double,float
+    LpPool=float MatMul=double,float,int32,int64,uint32,uint64 MatMulInteger=int32,int8,uint8
+    Max=double,float,float16,int32,int64,int8,uint32,uint64,uint8
+    MaxPool=double,float,int64,int8,uint8 MaxRoiPool=float MaxUnpool=float,int64 Mean=float
+    MeanVarianceNormalization=float MelWeightMatrix=INT,double,float
+    MemcpyFromHost=FLOAT,INT,F8,bool MemcpyToHost=FLOAT,INT,F8,bool
+    Min=double,float,float16,int32,int64,int8,uint32,uint64,uint8 Mish=FLOAT
+    Mod=INT,double,float,float16 Mul=INT,double,float Multinomial=float,int32,int64
+    Neg=double,float,int16,int32,int64,int8 NegativeLogLikelihoodLoss=FLOAT
+    NonMaxSuppression=float,int64 NonZero=bool,float,int32,int64,uint8 Not=bool
+    OneHot=float,int32,int64,string Optional=FLOAT,INT,bool,string
+    OptionalGetElement=FLOAT,INT,bool,string OptionalHasElement=FLOAT,INT,bool,string Or=bool
+    PRelu=float Pad=bool,double,float,int32,int64,int8,uint32,uint64,uint8
+    ParametricSoftplus=float Pow=double,float,int32,int64 QLinearConv=float,int32,int8,uint8
+    QLinearMatMul=float,int8,uint8
+    QuantizeLinear=F8,float,float16,int16,int2,int4,int8,uint16,uint2,uint4,uint8
+    RMSNormalization=double,float,float16 RNN=float,int32 RandomNormal=double,float
+    RandomNormalLike=FLOAT,INT,bool,string RandomUniform=double,float
+    RandomUniformLike=FLOAT,INT,bool,string Range=double,float,int16,int32,int64
+    Reciprocal=double,float ReduceL1=double,float,int32,int64 ReduceL2=double,float,int32,int64
+    ReduceLogSum=double,float,int32,int64 ReduceLogSumExp=double,float,int32,int64
+    ReduceMax=bool,double,float,int32,int64,int8,uint8 ReduceMean=double,float,int32,int64
+    ReduceMin=bool,double,float,int32,int64,int8,uint8 ReduceProd=double,float,int32,int64
+    ReduceSum=double,float,int32,int64 ReduceSumSquare=double,float,int32,int64
+    RegexFullMatch=bool,string Relu=double,float,int32,int8 Reshape=FLOAT,INT,F8,bool,string
+    Resize=float,int32,int64,int8,uint8 ReverseSequence=FLOAT,INT,bool,string
+    RoiAlign=double,float,int64 RotaryEmbedding=float,float16,int64 Round=double,float,float16
+    STFT=double,float,int32,int64 Scale=float ScaledTanh=float Scan=FLOAT,INT,F8,bool,string
+    Scatter=FLOAT,INT,bool,string ScatterElements=FLOAT,INT,bool,string
+    ScatterND=FLOAT,INT,bool,string Selu=float SequenceAt=FLOAT,INT,bool,string
+    SequenceConstruct=FLOAT,INT,bool,string SequenceEmpty=* SequenceErase=int32,int64
+    SequenceInsert=int32,int64 SequenceLength=int64 SequenceMap=FLOAT
+    Shape=FLOAT,INT,F8,bool,string Shrink=FLOAT,INT Sigmoid=double,float Sign=FLOAT,INT
+    SimplifiedLayerNormalization=FLOAT Sin=double,float Sinh=float
+    Size=INT,bool,double,float,string Slice=FLOAT,INT,bool,string Softmax=double,float
+    SoftmaxCrossEntropyLoss=FLOAT Softplus=float Softsign=float
+    SpaceToDepth=double,float,int8,uint8 Split=FLOAT,INT,bool,string
+    SplitToSequence=bool,double,float,float16,int32,int64,string Sqrt=double,float
+    Squeeze=FLOAT,INT,bool,string StringConcat=string StringNormalizer=string
+    StringSplit=int64,string Sub=INT,double,float Sum=double,float Swish=FLOAT Tan=float
+    Tanh=double,float TensorScatter=FLOAT,INT,bool TfIdfVectorizer=float,int32,int64,string
+    ThresholdedRelu=float Tile=INT,bool,double,float,string
+    TopK=double,float,int16,int32,int64,int8,uint8
+    Transpose=FLOAT,INT,F8,bool,int2,int4,string,uint2,uint4 Trilu=bool,double,float,int32,int64
+    Unique=double,float,int64,int8,string Unsqueeze=FLOAT,INT,bool,string
+    Upsample=float,int32,int8,uint8 Where=double,float,int32,int64,int8,string,uint32,uint8
+    Xor=bool
+""",
+    'ai.onnx.ml': """
+    ArrayFeatureExtractor=double,float,int32,int64,string Binarizer=float
+    CastMap=float,int64,string CategoryMapper=int64,string
+    DictVectorizer=double,float,int64,string FeatureVectorizer=double,float,int32,int64
+    Imputer=float,int64 LabelEncoder=double,float,int16,int64,string
+    LinearClassifier=double,float,int32,int64,string LinearRegressor=float
+    Normalizer=double,float,int32,int64 OneHotEncoder=double,float,int64,string
+    SVMClassifier=double,float,int32,int64,string SVMRegressor=float
+    Scaler=double,float,int32,int64 TreeEnsemble=double,float
+    TreeEnsembleClassifier=double,float,int32,int64,string TreeEnsembleRegressor=double,float
+    ZipMap=float
+""",
+    'com.microsoft': """
+    Attention=float AttnLSTM=double,float,int32 BeamSearch=float BiasGelu=float
+    BifurcationDetector=int64 BranchwiseRMSNorm=bfloat16,float,float16 CDist=double,float
+    CausalConvWithState=float ConvTransposeWithDynamicPads=float,int64 CropAndResize=float,int32
+    DecoderMaskedMultiHeadAttention=float
+    DequantizeLinear=float,int16,int32,int4,int8,uint16,uint4,uint8
+    DynamicQuantizeLSTM=float,int32,int8,uint8 DynamicQuantizeMatMul=float,int8,uint8
+    DynamicTimeWarping=float,int32 EmbedLayerNormalization=float EngramGate=float,float16
+    ExpandDims=FLOAT,INT,bool,string FastGelu=float FusedConv=float FusedGemm=float
+    FusedMatMul=double,float GatedAdd=float,float16 GatedRMSNorm=float,float16
+    GatherBlockQuantized=F8,float,float16,float4e2m1,int32,int4,int64,uint4,uint8
+    GatherND=FLOAT,INT,bool,string Gelu=float GreedySearch=float GridSample=float
+    GroupQueryAttention=float,float16,int32,int64,int8,uint8
+    HyperConnectionPostMix=bfloat16,float,float16 HyperConnectionPreMix=bfloat16,float,float16
+    Inverse=double,float,float16 LinearAttention=float LinearAttentionGate=float,float16
+    MRotaryEmbedding=float,float16,int64 MatMulBnb4=float,uint8 MatMulFpQ4=float,int64,uint8
+    MatMulInteger16=int16,int32 MatMulIntegerToFloat=float,int8,uint8
+    MatMulNBits=float,float16,int32,uint8 MaxpoolWithMask=float,int32 MoE=float
+    MultiHeadAttention=float MurmurHash3=double,float,int32,int64,string,uint32,uint64
+    NGramHashMapping=int32,int64 NGramRepeatBlock=float,int64 NhwcMaxPool=int8,uint8
+    Pad=float,int64 QAttention=float,int32,int8,uint8 QEmbedLayerNormalization=float
+    QGemm=float,int32,int8,uint8 QLinearAdd=float,int8,uint8 QLinearAveragePool=float
+    QLinearConcat=* QLinearConv=float,int32,int8,uint8 QLinearGlobalAveragePool=float
+    QLinearLeakyRelu=float,int8,uint8 QLinearMul=float,int8,uint8
+    QLinearSigmoid=float,int8,uint8 QLinearSoftmax=float,int8,uint8 QLinearWhere=int8,uint8
+    QMoE=float,float16,uint8 QuantizeLinear=float,int16,int4,int8,uint16,uint4,uint8
+    QuickGelu=float Range=double,float,int16,int32,int64 RotaryEmbedding=float,float16,int64
+    SampleOp=float Sampling=float ScaledSiLU=bfloat16,float,float16 SkipLayerNormalization=FLOAT
+    SkipSimplifiedLayerNormalization=FLOAT SparseAttention=float,float16,int32
+    SparseToDenseMatMul=double,float,int32,int64,uint32,uint64 Tokenizer=string
+    TransposeMatMul=float Trilu=double,float,int64 UnfoldTensor=FLOAT,INT,bool,string
+    Unique=float,int64 VarlenNGramHashMapping=int32,int64 WhisperBeamSearch=float
+    WordConvEmbedding=float,int32
+""",
+}
+
+# openvino 2026.4.1 ONNX frontend: ops that convert (probed one by one with
+# `probe_openvino_ops`; "Supported Version" columns of the frontend docs are not reliable).
+_OPENVINO_TEXT = {
+    "": """
+    Abs Acos Acosh Add AffineGrid And ArgMax ArgMin Asin Asinh Atan Atanh Attention AveragePool
+    BatchNormalization BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor BlackmanWindow Cast
+    CastLike Ceil Celu CenterCropPad Clip Col2Im Compress Concat ConcatFromSequence Constant
+    ConstantOfShape Conv ConvInteger ConvTranspose Cos Cosh CumSum DFT DepthToSpace
+    DequantizeLinear Div Dropout DynamicQuantizeLinear Einsum Elu Equal Erf Exp Expand EyeLike
+    Flatten Floor GRU Gather GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalLpPool
+    GlobalMaxPool Greater GreaterOrEqual GridSample GroupNormalization HammingWindow HannWindow
+    HardSigmoid HardSwish Hardmax Identity If InstanceNormalization IsInf IsNaN LRN LSTM
+    LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax Loop LpNormalization LpPool
+    MatMul MatMulInteger Max MaxPool MaxRoiPool Mean MeanVarianceNormalization Min Mish Mod Mul
+    Multinomial Neg NegativeLogLikelihoodLoss NonMaxSuppression NonZero Not OneHot Or PRelu Pad
+    Pow QLinearConv QLinearMatMul QuantizeLinear RMSNormalization RNN RandomNormal
+    RandomNormalLike RandomUniform RandomUniformLike Range Reciprocal ReduceL1 ReduceL2
+    ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum
+    ReduceSumSquare Relu Reshape Resize ReverseSequence RoiAlign RotaryEmbedding Round STFT Scan
+    Scatter ScatterElements ScatterND Selu SequenceAt SequenceConstruct SequenceEmpty
+    SequenceErase SequenceInsert SequenceLength Shape Shrink Sigmoid Sign Sin Sinh Size Slice
+    Softmax SoftmaxCrossEntropyLoss Softplus Softsign SpaceToDepth Split SplitToSequence Sqrt
+    Squeeze Sub Sum Swish Tan Tanh ThresholdedRelu Tile TopK Transpose Trilu Unique Unsqueeze
+    Upsample Where Xor
+    """,
+    "ai.onnx.ml": "Normalizer",
+    "com.microsoft": """
+    Attention BiasAdd BiasGelu BifurcationDetector DequantizeLinear DynamicQuantizeLSTM
+    DynamicQuantizeMatMul EmbedLayerNormalization FastGelu FusedConv FusedGemm FusedMatMul
+    GatherBlockQuantized GatherND Gelu GroupNorm GroupQueryAttention MatMulIntegerToFloat
+    MatMulNBits MultiHeadAttention Pad QLinearAdd QLinearAveragePool QLinearConcat
+    QLinearLeakyRelu QLinearMul QLinearReduceMean QLinearSigmoid QLinearSoftmax QLinearWhere
+    QuantizeLinear QuickGelu Range RotaryEmbedding SkipLayerNormalization
+    SkipSimplifiedLayerNormalization Trilu
+    """,
+    "org.openvinotoolkit": """
+    DeformableConv2D DetectionOutput FakeQuantize GenerateProposals GroupNorm Normalize PriorBox
+    PriorBoxClustered Swish
+    """,
+}
+
+#: element types OpenVINO's CPU plugin computes in (f64 runs as f32; strings/float8 do not run)
+OPENVINO_DTYPES = frozenset(
+    {"float", "float16", "bfloat16", "double", "int8", "int16", "int32", "int64", "uint8",
+     "uint16", "uint32", "uint64", "bool"}
+)
+
+
+def _decode_types(text: str) -> frozenset[str] | None:
+    if text == "*":
+        return None
+    out: set[str] = set()
+    for tok in text.split(","):
+        out |= TYPE_GROUPS.get(tok, {tok})
+    return frozenset(out)
+
+
+def _parse_kernel_text(tables: Mapping[str, str]) -> dict[tuple[str, str], frozenset[str] | None]:
+    out: dict[tuple[str, str], frozenset[str] | None] = {}
+    for dom, text in tables.items():
+        for item in text.split():
+            op, _, types = item.partition("=")
+            out[(dom, op)] = _decode_types(types)
+    return out
+
+
+#: (domain, op) -> accepted element types (None: not checked)
+ORT_CPU_KERNELS: dict[tuple[str, str], frozenset[str] | None] = _parse_kernel_text(_ORT_CPU_TEXT)
+#: (domain, op) -> None (any of `OPENVINO_DTYPES`)
+OPENVINO_OPS: dict[tuple[str, str], frozenset[str] | None] = {
+    (dom, op): OPENVINO_DTYPES for dom, text in _OPENVINO_TEXT.items() for op in text.split()
+}
+
+
+def _norm_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+_ELEM_NAMES: dict[int, str] = {}
+
+
+def elem_type_name(elem_type: int) -> str:
+    """ONNX element type enum -> ORT's spelling ("float", "int64", "float8e4m3fn", ...)."""
+    name = _ELEM_NAMES.get(elem_type)
+    if name is None:
+        import onnx
+
+        try:
+            name = onnx.TensorProto.DataType.Name(elem_type).lower()
+        except ValueError:
+            name = f"onnx{elem_type}"
+        _ELEM_NAMES[elem_type] = name
+    return name
+
+
+class OnnxOpTableCapabilities(Capabilities):
+    """Capabilities from an op table: (domain, op) -> accepted element types.
+
+    A node is taken when its (domain, op type) is in the table and every input and output
+    tensor of known type has an accepted element type. Custom domains are not in the tables,
+    so they are unsupported.
+    """
+
+    style = "graph"
+
+    def __init__(self, toolchain: str, table: Mapping[tuple[str, str], frozenset[str] | None]):
+        self.toolchain = toolchain
+        self.table = table
+
+    def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
+        dom = _norm_domain(node.domain)
+        key = (dom, node.op_type)
+        if key not in self.table:
+            where = f"{dom}." if dom else ""
+            return f"{self.toolchain} has no implementation of {where}{node.op_type}"
+        types = self.table[key]
+        if types is None:
+            return None
+        for t in (*node.inputs, *node.outputs):
+            info = graph.tensors.get(t) if t else None
+            if info is None:
+                continue
+            name = elem_type_name(info.elem_type)
+            if name not in types:
+                return f"{self.toolchain} {node.op_type} does not take {name} ({t!r})"
+        return None
+
+
+# ----------------------------------------------------------------------------------------
+# shared helpers (also used by runners.cuda)
+
+UNSUPPORTED_PATTERNS = (
+    "not a registered function/op",
+    "could not find an implementation",
+    "no conversion rule found",
+    "not_implemented",
+    "is not supported",
+    "unsupported",
+)
+
+
+def classify_build_error(message: str) -> Status:
+    """UNSUPPORTED when the toolchain says it has no implementation, else BUILD_FAILED."""
+    low = message.lower()
+    if any(p in low for p in UNSUPPORTED_PATTERNS):
+        return Status.UNSUPPORTED
+    return Status.BUILD_FAILED
+
+
+def seed_of(fingerprint: str) -> int:
+    """A 32-bit seed from a fingerprint (hex or not)."""
+    try:
+        return int(fingerprint[:8], 16)
+    except ValueError:
+        return zlib.crc32(fingerprint.encode())
+
+
+def artifact_digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def feeds_for(onnx_bytes: bytes, seed: int) -> dict[str, np.ndarray]:
+    """Seeded feeds for a model's runtime inputs from its input value infos."""
+    import onnx
+
+    from collage_farm.graph import random_inputs
+
+    model = onnx.load_from_string(onnx_bytes)
+    return random_inputs(model, seed)
+
+
+def error_text(e: BaseException, limit: int = 4000) -> str:
+    text = f"{type(e).__name__}: {e}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def option_int(target: Target, key: str, default: int) -> int:
+    try:
+        return int(target.option(key, default))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return default
+
+
+def option_bool(target: Target, key: str, default: bool) -> bool:
+    v = target.option(key, default)
+    if isinstance(v, str):
+        return v.strip().lower() not in ("0", "false", "no", "off", "")
+    return bool(v)
+
+
+@dataclass
+class Prepared:
+    """A ready-to-time artifact: ``fn`` runs it once on bound inputs, ``sync`` waits for it.
+
+    ``outputs`` returns the latest outputs by name (as numpy, copied), ``keep`` holds whatever
+    must stay alive while ``fn`` is in use (bound buffers).
+    """
+
+    fn: Callable[[], Any]
+    sync: Callable[[], None] | None = None
+    outputs: Callable[[], dict[str, np.ndarray]] | None = None
+    details: tuple[tuple[str, object], ...] = ()
+    keep: list[object] = field(default_factory=list)
+
+
+class OnnxToolchainBase(Toolchain):
+    """Build/measure skeleton for toolchains that compile ONNX bytes in process.
+
+    Subclasses give `_compile` (bytes -> handle), `_prepare` (handle + feeds -> `Prepared`) and
+    `_run` (handle + feeds -> outputs). Failures become results: compile errors give
+    UNSUPPORTED / BUILD_FAILED (by the toolchain's message), run errors RUNTIME_ERROR.
+    """
+
+    kind = Kind.MEASURED
+    artifact_kind = "onnx"
+
+    def __init__(self) -> None:
+        self._cached: tuple[tuple, Any] | None = None
+
+    # --- hooks ---------------------------------------------------------------------------
+    def _compile(self, onnx_bytes: bytes, target: Target, threads: int) -> Any:
+        raise NotImplementedError
+
+    def _prepare(self, handle: Any, feeds: dict[str, np.ndarray], target: Target | None
+                 ) -> Prepared:
+        raise NotImplementedError
+
+    def _run(self, handle: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _build_details(self, handle: Any) -> tuple[tuple[str, object], ...]:
+        return ()
+
+    # --- handles -------------------------------------------------------------------------
+    def _key(self, fingerprint: str, data: bytes, target: Target, threads: int) -> tuple:
+        return (fingerprint, artifact_digest(data), target.measure_key, threads)
+
+    def handle_for(self, fingerprint: str, data: bytes, target: Target, threads: int
+                   ) -> tuple[Any, bool]:
+        """The compiled handle (reused when the last one matches); (handle, reused)."""
+        key = self._key(fingerprint, data, target, threads)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1], True
+        self._cached = None  # drop the old one before compiling the next (memory)
+        handle = self._compile(data, target, threads)
+        self._cached = (key, handle)
+        return handle, False
+
+    def clear_cache(self) -> None:
+        self._cached = None
+
+    # --- Toolchain -----------------------------------------------------------------------
+    def device_description(self, target: Target) -> DeviceDescription:
+        return DeviceDescription.host_cpu()
+
+    def build(self, inp: BuildInput) -> BuildResult:
+        t0 = time.perf_counter()
+        if not inp.onnx_bytes:
+            return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
+                               error="empty ONNX model")
+        threads = option_int(inp.target, "threads", 1)
+        try:
+            handle, _ = self.handle_for(inp.fingerprint, inp.onnx_bytes, inp.target, threads)
+        except Exception as e:
+            msg = error_text(e)
+            return BuildResult(inp.fingerprint, inp.target, classify_build_error(msg), error=msg,
+                               build_s=time.perf_counter() - t0)
+        return BuildResult(
+            inp.fingerprint, inp.target, Status.OK, artifact=inp.onnx_bytes,
+            artifact_kind=self.artifact_kind, build_s=time.perf_counter() - t0,
+            details=self._build_details(handle),
+        )
+
+    def prepare(self, build: BuildResult, config: MeasureConfig,
+                feeds: dict[str, np.ndarray] | None = None) -> Prepared:
+        """Compile (or reuse) and bind inputs; raises on failure. Used by measure and benches."""
+        handle, reused = self.handle_for(build.fingerprint, build.artifact, build.target,
+                                         max(1, int(config.threads)))
+        if feeds is None:
+            feeds = feeds_for(build.artifact, seed_of(build.fingerprint))
+        prepared = self._prepare(handle, feeds, build.target)
+        prepared.details = (*prepared.details, ("handle_reused", reused))
+        return prepared
+
+    def measure(self, inp: MeasureInput) -> MeasureResult:
+        t0 = time.perf_counter()
+        build, config = inp.build, inp.config
+        common: dict[str, Any] = dict(
+            device=self.device_description(build.target), toolchain_version=self.version(),
+            build_s=build.build_s, kind=self.kind,
+        )
+        if not build.ok:
+            return MeasureResult.failed(build, build.status, build.error or "build failed",
+                                        config, **common)
+        try:  # the artifact may have been built on another node: compile here
+            self.handle_for(build.fingerprint, build.artifact, build.target,
+                            max(1, int(config.threads)))
+        except Exception as e:
+            msg = error_text(e)
+            return MeasureResult.failed(build, classify_build_error(msg), msg, config,
+                                        measure_s=time.perf_counter() - t0, **common)
+        try:
+            prepared = self.prepare(build, config)
+        except Exception as e:
+            return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
+                                        measure_s=time.perf_counter() - t0, **common)
+        try:
+            samples, medians = time_callable(prepared.fn, config, sync=prepared.sync)
+        except Exception as e:
+            return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
+                                        measure_s=time.perf_counter() - t0, **common)
+        return MeasureResult(
+            fingerprint=build.fingerprint, target=build.target, status=Status.OK, config=config,
+            samples=tuple(samples), summary=summarize(samples, medians),
+            measure_s=time.perf_counter() - t0, details=prepared.details, **common,
+        )
+
+    def run_outputs(self, build: BuildResult, feeds: Mapping[str, np.ndarray],
+                    threads: int = 1) -> dict[str, np.ndarray]:
+        """Run a built artifact once on ``feeds``; outputs by ONNX output name (raises)."""
+        handle, _ = self.handle_for(build.fingerprint, build.artifact, build.target, threads)
+        return self._run(handle, feeds)
+
+
+# ----------------------------------------------------------------------------------------
+# ONNX Runtime CPU
+
+
+class OrtCpuToolchain(OnnxToolchainBase):
+    """ONNX Runtime, CPU execution provider."""
+
+    name = "ort-cpu"
+    device_kind = "cpu"
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+
+    def capabilities(self) -> Capabilities:
+        return OnnxOpTableCapabilities(self.name, ORT_CPU_KERNELS)
+
+    def available(self) -> str | None:
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            return f"onnxruntime not installed ({e})"
+        missing = [p for p in self.providers if p not in ort.get_available_providers()]
+        if missing:
+            return f"onnxruntime {ort.__version__} lacks {', '.join(missing)}"
+        return None
+
+    def version(self) -> str:
+        import onnxruntime as ort
+
+        return f"onnxruntime {ort.__version__}"
+
+    def _session_options(self, threads: int) -> Any:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = max(1, threads)
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        return so
+
+    def _provider_list(self, target: Target) -> list[Any]:
+        return list(self.providers)
+
+    def _compile(self, onnx_bytes: bytes, target: Target, threads: int) -> Any:
+        import onnxruntime as ort
+
+        return ort.InferenceSession(onnx_bytes, self._session_options(threads),
+                                    providers=self._provider_list(target))
+
+    def _build_details(self, handle: Any) -> tuple[tuple[str, object], ...]:
+        return (("providers", ",".join(handle.get_providers())),)
+
+    def _bind_device(self) -> tuple[str, int]:
+        """Where inputs and outputs are bound: ("cpu", 0) here, ("cuda", id) in runners.cuda."""
+        return ("cpu", 0)
+
+    def _prepare(self, handle: Any, feeds: dict[str, np.ndarray], target: Target | None
+                 ) -> Prepared:
+        import numpy as np
+        import onnxruntime as ort
+
+        sess = handle
+        names = [o.name for o in sess.get_outputs()]
+        first = sess.run(names, feeds)  # learns output shapes; counts as a warm-up run
+        if target is not None and not option_bool(target, "iobinding", True):
+            def plain() -> Any:
+                return sess.run(names, feeds)
+
+            def plain_outputs() -> dict[str, np.ndarray]:
+                return dict(zip(names, (np.asarray(x) for x in sess.run(names, feeds))))
+
+            return Prepared(plain, None, plain_outputs, (("iobinding", False),), [feeds])
+        device, dev_id = self._bind_device()
+        io = sess.io_binding()
+        keep: list[object] = [feeds]
+        for name, x in feeds.items():
+            v = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x), device, dev_id)
+            keep.append(v)
+            io.bind_ortvalue_input(name, v)
+        for name, out in zip(names, first):
+            if isinstance(out, np.ndarray) and out.dtype != object:
+                v = ort.OrtValue.ortvalue_from_shape_and_type(out.shape, out.dtype, device,
+                                                              dev_id)
+                keep.append(v)
+                io.bind_ortvalue_output(name, v)
+            else:  # sequences, maps, strings: let ORT allocate per run
+                io.bind_output(name, "cpu")
+        io.synchronize_inputs()
+        ro = ort.RunOptions()
+
+        def run() -> None:
+            sess.run_with_iobinding(io, ro)
+
+        def outputs() -> dict[str, np.ndarray]:
+            return dict(zip(names, (np.array(v.numpy()) for v in io.get_outputs())))
+
+        return Prepared(run, io.synchronize_outputs if device != "cpu" else None, outputs,
+                        (("iobinding", True), ("bind_device", device)), keep)
+
+    def _run(self, handle: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        names = [o.name for o in handle.get_outputs()]
+        return dict(zip(names, (np.asarray(x) for x in handle.run(names, dict(feeds)))))
+
+
+# ----------------------------------------------------------------------------------------
+# OpenVINO CPU
+
+
+class OpenVinoToolchain(OnnxToolchainBase):
+    """OpenVINO on the CPU, reading the ONNX bytes through its ONNX frontend."""
+
+    name = "openvino"
+    device_kind = "cpu"
+    device = "CPU"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._core: Any = None
+
+    def _get_core(self) -> Any:
+        if self._core is None:
+            import openvino as ov
+
+            self._core = ov.Core()
+        return self._core
+
+    def capabilities(self) -> Capabilities:
+        return OnnxOpTableCapabilities(self.name, OPENVINO_OPS)
+
+    def available(self) -> str | None:
+        try:
+            import openvino  # noqa: F401
+        except ImportError as e:
+            return f"openvino not installed ({e})"
+        try:
+            devices = self._get_core().available_devices
+        except Exception as e:
+            return f"openvino Core() failed: {error_text(e, 300)}"
+        if self.device not in devices:
+            return f"openvino sees no {self.device} device (has {devices})"
+        return None
+
+    def version(self) -> str:
+        import openvino as ov
+
+        return f"openvino {ov.__version__}"
+
+    def _compile(self, onnx_bytes: bytes, target: Target, threads: int) -> Any:
+        core = self._get_core()
+        model = core.read_model(onnx_bytes)
+        config = {
+            "INFERENCE_NUM_THREADS": max(1, threads),
+            "INFERENCE_PRECISION_HINT": str(target.option("precision", "f32")),
+            "PERFORMANCE_HINT": "LATENCY",
+            "NUM_STREAMS": 1,
+        }
+        compiled = core.compile_model(model, self.device, config)
+        onnx_outputs = [o.get_any_name() for o in model.outputs]
+        return _OvHandle(compiled, onnx_outputs)
+
+    def _build_details(self, handle: Any) -> tuple[tuple[str, object], ...]:
+        cm = handle.compiled
+        try:
+            prec = cm.get_property("INFERENCE_PRECISION_HINT")
+            prec = prec.to_string() if hasattr(prec, "to_string") else str(prec)
+            return (("inference_num_threads", int(cm.get_property("INFERENCE_NUM_THREADS"))),
+                    ("precision", prec))
+        except Exception:
+            return ()
+
+    def _prepare(self, handle: Any, feeds: dict[str, np.ndarray], target: Target | None
+                 ) -> Prepared:
+        import numpy as np
+        import openvino as ov
+
+        req = handle.compiled.create_infer_request()
+        keep: list[object] = [req]
+        for name, x in feeds.items():
+            arr = np.ascontiguousarray(x)
+            t = ov.Tensor(arr, shared_memory=True)
+            keep += [arr, t]
+            req.set_tensor(name, t)
+        req.infer()  # first run allocates outputs; counts as a warm-up run
+
+        def outputs() -> dict[str, np.ndarray]:
+            return handle.read_outputs(req)
+
+        return Prepared(req.infer, None, outputs, (("shared_inputs", True),), keep)
+
+    def _run(self, handle: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        prepared = self._prepare(handle, dict(feeds), None)
+        assert prepared.outputs is not None
+        return prepared.outputs()
+
+
+@dataclass
+class _OvHandle:
+    compiled: Any
+    output_names: list[str]
+
+    def read_outputs(self, req: Any) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        out: dict[str, np.ndarray] = {}
+        for i, port in enumerate(self.compiled.outputs):
+            names = port.get_names()
+            wanted = [n for n in self.output_names if n in names] or [port.get_any_name()]
+            data = np.array(req.get_output_tensor(i).data, copy=True)
+            for n in wanted:
+                out[n] = data
+        return out
+
+
+# ----------------------------------------------------------------------------------------
+# table generation (development tools; they import the heavy packages)
+
+
+def ort_cpu_kernel_table(max_opset: int = 26) -> dict[tuple[str, str], frozenset[str]]:
+    """Derive `ORT_CPU_KERNELS` from the installed onnxruntime's kernel registry."""
+    import onnx
+    import onnxruntime.capi.onnxruntime_pybind11_state as C
+
+    def tensor_type(t: str) -> str | None:
+        m = re.fullmatch(r"tensor\((\w+)\)", t)
+        return m.group(1) if m else None
+
+    table: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+    for k in C.get_all_opkernel_def():
+        dom = _norm_domain(k.domain)
+        if k.provider != "CPUExecutionProvider" or dom not in ORT_DOMAINS:
+            continue
+        s = table[(dom, k.op_name)]
+        for types in k.type_constraints.values():
+            s.update(x for x in map(tensor_type, types) if x)
+    latest: dict[tuple[str, str], Any] = {}
+    for sc in C.get_all_operator_schema():
+        key = (_norm_domain(sc.domain), sc.name)
+        if key[0] in ORT_DOMAINS and (key not in latest
+                                      or sc.since_version > latest[key].since_version):
+            latest[key] = sc
+    for (dom, name) in latest:
+        if dom or (dom, name) in table:
+            continue
+        try:  # standard ops without a kernel run through their function body
+            osc = onnx.defs.get_schema(name, max_opset, "")
+        except Exception:
+            continue
+        if osc.has_function or osc.has_context_dependent_function:
+            table[(dom, name)] = set(TYPE_GROUPS["FLOAT"])
+    for key, s in table.items():
+        sc = latest.get(key)
+        if sc is not None:
+            for p in list(sc.inputs) + list(sc.outputs):
+                t = tensor_type(p.typeStr)
+                if t:
+                    s.add(t)
+    return {k: frozenset(v) for k, v in table.items()}
+
+
+def _encode_types(types: frozenset[str] | None) -> str:
+    if not types:
+        return "*"
+    s = set(types)
+    toks = []
+    for g, members in TYPE_GROUPS.items():
+        if members <= s:
+            toks.append(g)
+            s -= members
+    return ",".join(toks + sorted(s))
+
+
+def format_kernel_table(table: Mapping[tuple[str, str], frozenset[str] | None]) -> str:
+    """Source text for `_ORT_CPU_TEXT`."""
+    out = []
+    for dom in ORT_DOMAINS:
+        items = sorted((op, _encode_types(t)) for (d, op), t in table.items() if d == dom)
+        body = " ".join(f"{op}={enc}" for op, enc in items)
+        lines = textwrap.wrap(body, 92, break_long_words=False, break_on_hyphens=False)
+        out.append(f'    {dom!r}: """\n' + "\n".join("    " + ln for ln in lines) + '\n""",')
+    return "{\n" + "\n".join(out) + "\n}"
+
+
+def probe_openvino_ops(ops: list[tuple[str, str]]) -> dict[tuple[str, str], bool]:
+    """Whether OpenVINO's ONNX frontend converts a one-node model of each (domain, op).
+
+    Unknown ops become framework nodes under ``convert_partially``; an op whose converter
+    exists but rejects the dummy float inputs counts as supported.
+    """
+    import os
+    import tempfile
+
+    import onnx
+    from onnx import TensorProto, helper
+    from openvino.frontend import FrontEndManager
+
+    fe = FrontEndManager().load_by_framework("onnx")
+    result: dict[tuple[str, str], bool] = {}
+    for dom, op in ops:
+        try:
+            n_in = max(1, onnx.defs.get_schema(op, dom).min_input)
+        except Exception:
+            n_in = 1
+        ins = [f"i{k}" for k in range(n_in)]
+        node = helper.make_node(op, ins, ["o0"], domain=dom)
+        g = helper.make_graph(
+            [node], "probe",
+            [helper.make_tensor_value_info(i, TensorProto.FLOAT, [1, 4]) for i in ins],
+            [helper.make_tensor_value_info("o0", TensorProto.FLOAT, None)])
+        imports = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(dom, 1)] if dom else [])
+        m = helper.make_model(g, opset_imports=imports)
+        m.ir_version = 10
+        fd, path = tempfile.mkstemp(suffix=".onnx")
+        os.close(fd)
+        try:
+            onnx.save(m, path)
+            model = fe.convert_partially(fe.load(path))
+            result[(dom, op)] = not any(
+                "FrameworkNode" in o.get_type_name() for o in model.get_ops())
+        except Exception:
+            result[(dom, op)] = True
+        finally:
+            os.unlink(path)
+    return result

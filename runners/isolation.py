@@ -1,0 +1,499 @@
+"""WorkerProcess: toolchain code runs in a child process that may die or hang without harm.
+
+Why: toolchains are native code fed with machine-generated sub-models. Vela segfaults on a
+malformed TFLite file (exit 139), a compiler may loop forever on an odd graph, a big candidate may
+get the process OOM-killed. The design contract is that any of these costs one result row and
+never the farm. So every build and measure runs in a long-lived child process:
+
+* the child is started with the multiprocessing **spawn** context (a fork of a process holding
+  Ray, CUDA or OpenVINO thread pools is unsafe), sets its thread environment
+  (``OMP_NUM_THREADS`` & co.), hides GPUs from CPU-only workers (``CUDA_VISIBLE_DEVICES=""``),
+  pins itself to its cores, imports its toolchains by name and then serves requests over a pipe;
+* messages are the frozen dataclasses of `runners.base` (plain, picklable values);
+* every wait in the parent has a deadline: a request that overruns its timeout gets the child
+  SIGKILLed and yields `Status.TIMEOUT`; a child that dies (signal, exit code, OOM kill) yields
+  `Status.CRASHED` with the signal or exit code in the error text. Either way a fresh child is
+  started at once (in the background), so the next request finds a warm worker;
+* the child keeps its toolchain objects between requests, so a build followed by a measure of
+  the same candidate compiles once (the toolchains cache their last compiled handle).
+
+One request at a time per worker (a lock serialises callers): a worker owns a device or a core,
+and two timings on one core would disturb each other anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+from runners.base import (
+    BuildInput,
+    BuildResult,
+    MeasureInput,
+    MeasureResult,
+    Status,
+)
+
+__all__ = ["Reply", "WorkerError", "WorkerProcess", "describe_exit", "thread_env"]
+
+THREAD_ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+)
+
+
+def thread_env(threads: int, *, cpu_only: bool) -> dict[str, str]:
+    """Environment for a worker with ``threads`` compute threads."""
+    env = {k: str(max(1, threads)) for k in THREAD_ENV_VARS}
+    env["TF_NUM_INTEROP_THREADS"] = "1"
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """Human-readable process exit: signal name for negative codes, 128+N decoded."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (killed: possibly the OOM killer)" if -exitcode == signal.SIGKILL else ""
+        return f"died from {name} (exit code {exitcode}){hint}"
+    if exitcode > 128:
+        try:
+            return f"exited with code {exitcode} (128+{signal.Signals(exitcode - 128).name})"
+        except ValueError:
+            pass
+    return f"exited with code {exitcode}"
+
+
+class WorkerError(RuntimeError):
+    """A generic `WorkerProcess.invoke` failed: the call raised, timed out or crashed."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Outcome of one request: a value, or a failure status with error text."""
+
+    status: Status
+    value: Any = None
+    error: str = ""
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+
+# ----------------------------------------------------------------------------------------
+# child side
+
+
+def _child_main(conn: Any, toolchains: tuple[str, ...], cores: tuple[int, ...] | None,
+                env: dict[str, str]) -> None:
+    os.environ.update(env)
+    import faulthandler
+
+    faulthandler.enable()  # a segfault prints the Python stack to stderr before dying
+    from runners.measure import pin_to_cores
+
+    try:
+        pin_to_cores(cores)
+    except ValueError as e:
+        conn.send(("start_error", str(e)))
+        return
+    from runners import registry
+
+    status: dict[str, str | None] = {}
+    for name in toolchains:
+        try:
+            status[name] = registry.get_toolchain(name).available()
+        except Exception as e:
+            status[name] = f"{type(e).__name__}: {e}"
+    conn.send(("ready", {"pid": os.getpid(), "toolchains": status,
+                         "affinity": sorted(os.sched_getaffinity(0))}))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            return  # parent went away
+        seq, op, payload = msg
+        if op == "stop":
+            return
+        try:
+            reply = (seq, "ok", _handle(op, payload, toolchains, status))
+        except BaseException:
+            reply = (seq, "error", traceback.format_exc(limit=30))
+        try:
+            conn.send(reply)
+        except Exception as e:  # an unpicklable result must not kill the worker
+            conn.send((seq, "error", f"result could not be sent back: {type(e).__name__}: {e}"))
+
+
+def _handle(op: str, payload: Any, served: tuple[str, ...],
+            status: dict[str, str | None]) -> Any:
+    from runners import registry
+
+    if op == "ping":
+        return os.getpid()
+    if op == "info":
+        tcs = {}
+        for name in served:
+            try:
+                version = registry.get_toolchain(name).version() if status[name] is None else ""
+            except Exception as e:
+                version = f"? ({type(e).__name__}: {e})"
+            tcs[name] = {"available": status[name], "version": version}
+        return {
+            "pid": os.getpid(),
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "env": {k: os.environ.get(k) for k in (*THREAD_ENV_VARS, "CUDA_VISIBLE_DEVICES")},
+            "toolchains": tcs,
+        }
+    if op == "build":
+        inp: BuildInput = payload
+        name = inp.target.toolchain
+        why = _not_served(name, served, status)
+        if why:
+            return BuildResult(inp.fingerprint, inp.target, Status.UNSUPPORTED, error=why)
+        t0 = time.perf_counter()
+        try:
+            res = registry.get_toolchain(name).build(inp)
+        except Exception:
+            return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
+                               error=traceback.format_exc(limit=20),
+                               build_s=time.perf_counter() - t0)
+        if not isinstance(res, BuildResult):
+            return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
+                               error=f"{name}.build returned {type(res).__name__}")
+        return res
+    if op == "measure":
+        minp: MeasureInput = payload
+        name = minp.target.toolchain
+        why = _not_served(name, served, status)
+        if why:
+            return MeasureResult.failed(minp.build, Status.UNSUPPORTED, why, minp.config)
+        tc = registry.get_toolchain(name)
+        t0 = time.perf_counter()
+        try:
+            mres = tc.measure(minp)
+        except Exception:
+            return MeasureResult.failed(minp.build, Status.RUNTIME_ERROR,
+                                        traceback.format_exc(limit=20), minp.config,
+                                        measure_s=time.perf_counter() - t0)
+        if not isinstance(mres, MeasureResult):
+            return MeasureResult.failed(minp.build, Status.RUNTIME_ERROR,
+                                        f"{name}.measure returned {type(mres).__name__}",
+                                        minp.config)
+        fill: dict[str, Any] = {}
+        if mres.device is None:
+            with contextlib.suppress(Exception):
+                fill["device"] = tc.device_description(minp.target)
+        if not mres.toolchain_version:
+            with contextlib.suppress(Exception):
+                fill["toolchain_version"] = tc.version()
+        return dataclasses.replace(mres, **fill) if fill else mres
+    if op == "invoke":
+        name, method, args, kwargs = payload
+        why = _not_served(name, served, status)
+        if why:
+            raise RuntimeError(why)
+        return getattr(registry.get_toolchain(name), method)(*args, **kwargs)
+    raise ValueError(f"unknown worker request {op!r}")
+
+
+def _not_served(name: str, served: tuple[str, ...], status: Mapping[str, str | None]) -> str:
+    if name not in served:
+        return f"toolchain {name!r} is not served by this worker (serves {', '.join(served)})"
+    if status.get(name):
+        return f"toolchain {name!r} is not available on this worker: {status[name]}"
+    return ""
+
+
+# ----------------------------------------------------------------------------------------
+# parent side
+
+
+class WorkerProcess:
+    """A long-lived child process serving `build` / `measure` requests for some toolchains.
+
+    Never raises for anything the child does: failures come back as `Reply` statuses (and, in
+    `build` / `measure`, as failed results). `invoke` is the exception: it raises
+    `WorkerError` since its callers want a value.
+    """
+
+    def __init__(
+        self,
+        toolchains: Sequence[str],
+        *,
+        cores: Sequence[int] | None = None,
+        threads: int | None = None,
+        cpu_only: bool = True,
+        env: Mapping[str, str] | None = None,
+        start_timeout_s: float = 120.0,
+        name: str = "collage-worker",
+    ) -> None:
+        self.toolchain_names = tuple(toolchains)
+        self.cores = tuple(int(c) for c in cores) if cores else None
+        self.threads = int(threads or (len(self.cores) if self.cores else 1))
+        self.env = {**thread_env(self.threads, cpu_only=cpu_only), **(env or {})}
+        self.start_timeout_s = float(start_timeout_s)
+        self.name = name
+        self._ctx = mp.get_context("spawn")
+        self._proc: Any = None
+        self._conn: Any = None
+        self._ready: dict[str, Any] | None = None
+        self._seq = 0
+        self._lock = threading.RLock()
+        self.restarts = 0
+        self.crashes = 0
+        self.timeouts = 0
+        self.requests = 0
+
+    # --- life cycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Spawn the child if none is running (non-blocking: readiness is awaited lazily)."""
+        with self._lock:
+            if self._proc is not None and self._proc.is_alive():
+                return
+            self._discard()
+            parent, child = self._ctx.Pipe(duplex=True)
+            proc = self._ctx.Process(
+                target=_child_main,
+                args=(child, self.toolchain_names, self.cores, self.env),
+                name=self.name,
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            self._proc, self._conn, self._ready = proc, parent, None
+
+    def _discard(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+        self._proc = self._conn = self._ready = None
+
+    def kill(self) -> None:
+        """SIGKILL the child (if any) and reap it."""
+        with self._lock:
+            proc = self._proc
+            if proc is not None and proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+            self._discard()
+
+    def restart(self) -> None:
+        self.kill()
+        self.restarts += 1
+        self.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the child to stop; kill it if it does not within ``timeout_s``."""
+        with self._lock:
+            proc, conn = self._proc, self._conn
+            if proc is None:
+                return
+            try:
+                if proc.is_alive():
+                    conn.send((0, "stop", None))
+                    proc.join(timeout=timeout_s)
+            except (OSError, EOFError, ValueError):
+                pass
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+            self._discard()
+
+    def __enter__(self) -> WorkerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._proc is not None and self._proc.is_alive():
+                self._proc.kill()
+        except Exception:
+            pass
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def startup_info(self) -> dict[str, Any] | None:
+        """What the child reported when it became ready (pid, toolchain availability, cores)."""
+        return self._ready
+
+    def _await_ready(self, deadline: float) -> str | None:
+        """Wait for the child's ready message; None when ready, else why not (child killed)."""
+        if self._ready is not None:
+            return None
+        proc, conn = self._proc, self._conn
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                return f"worker did not start within {self.start_timeout_s:.0f} s"
+            ready = wait([conn, proc.sentinel], timeout=remaining)
+            if conn in ready:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    proc.join(timeout=5)
+                    code = proc.exitcode
+                    self._discard()
+                    return f"worker {describe_exit(code)} while starting"
+                if msg[0] == "ready":
+                    self._ready = msg[1]
+                    return None
+                if msg[0] == "start_error":
+                    self.kill()
+                    return f"worker failed to start: {msg[1]}"
+                continue
+            if proc.sentinel in ready:
+                proc.join(timeout=5)
+                code = proc.exitcode
+                self._discard()
+                return f"worker {describe_exit(code)} while starting"
+
+    def wait_ready(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Start (if needed) and block until the child is ready; raises WorkerError if not."""
+        with self._lock:
+            self.start()
+            err = self._await_ready(time.monotonic() + (timeout_s or self.start_timeout_s))
+            if err:
+                raise WorkerError(Status.CRASHED, err)
+            assert self._ready is not None
+            return self._ready
+
+    # --- requests ------------------------------------------------------------------------
+    def request(self, op: str, payload: Any, timeout_s: float) -> Reply:
+        """Send one request and wait at most ``timeout_s`` (plus start-up) for its reply."""
+        with self._lock:
+            self.requests += 1
+            t0 = time.monotonic()
+            for attempt in (0, 1):
+                self.start()
+                err = self._await_ready(time.monotonic() + self.start_timeout_s)
+                if err:
+                    self.crashes += 1
+                    return Reply(Status.CRASHED, error=err, elapsed_s=time.monotonic() - t0)
+                self._seq += 1
+                seq = self._seq
+                try:
+                    self._conn.send((seq, op, payload))
+                except (BrokenPipeError, EOFError, OSError) as e:
+                    if attempt == 0:  # died while idle: the request never reached it
+                        self.restart()
+                        continue
+                    return Reply(Status.CRASHED, error=f"could not send to worker: {e}",
+                                 elapsed_s=time.monotonic() - t0)
+                break
+            return self._await_reply(seq, timeout_s, t0)
+
+    def _await_reply(self, seq: int, timeout_s: float, t0: float) -> Reply:
+        proc, conn = self._proc, self._conn
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.timeouts += 1
+                pid = proc.pid
+                self.restart()
+                return Reply(
+                    Status.TIMEOUT,
+                    error=f"no answer within {timeout_s:.1f} s; worker {pid} killed (SIGKILL) "
+                          f"and restarted",
+                    elapsed_s=time.monotonic() - t0,
+                )
+            ready = wait([conn, proc.sentinel], timeout=remaining)
+            if conn in ready:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    return self._crashed(proc, t0)
+                except Exception as e:  # a reply that cannot be unpickled here
+                    return Reply(Status.RUNTIME_ERROR, error=f"bad reply: {e}",
+                                 elapsed_s=time.monotonic() - t0)
+                if msg[0] != seq:
+                    continue  # stale reply of an earlier request
+                elapsed = time.monotonic() - t0
+                if msg[1] == "ok":
+                    return Reply(Status.OK, msg[2], elapsed_s=elapsed)
+                return Reply(Status.RUNTIME_ERROR, error=str(msg[2]), elapsed_s=elapsed)
+            if proc.sentinel in ready:
+                return self._crashed(proc, t0)
+
+    def _crashed(self, proc: Any, t0: float) -> Reply:
+        proc.join(timeout=5)
+        code, pid = proc.exitcode, proc.pid
+        self.crashes += 1
+        self.restart()
+        return Reply(Status.CRASHED, error=f"worker {pid} {describe_exit(code)}; restarted",
+                     elapsed_s=time.monotonic() - t0)
+
+    # --- typed wrappers ------------------------------------------------------------------
+    def build(self, inp: BuildInput, timeout_s: float) -> BuildResult:
+        reply = self.request("build", inp, timeout_s)
+        if reply.ok and isinstance(reply.value, BuildResult):
+            return reply.value
+        status = reply.status if not reply.ok else Status.BUILD_FAILED
+        if status is Status.RUNTIME_ERROR:
+            status = Status.BUILD_FAILED
+        return BuildResult(inp.fingerprint, inp.target, status,
+                           error=reply.error or "worker returned no BuildResult",
+                           build_s=reply.elapsed_s)
+
+    def measure(self, inp: MeasureInput, timeout_s: float | None = None) -> MeasureResult:
+        t = inp.config.timeout_s if timeout_s is None else timeout_s
+        reply = self.request("measure", inp, t)
+        if reply.ok and isinstance(reply.value, MeasureResult):
+            return reply.value
+        status = reply.status if not reply.ok else Status.RUNTIME_ERROR
+        return MeasureResult.failed(inp.build, status,
+                                    reply.error or "worker returned no MeasureResult",
+                                    inp.config, build_s=inp.build.build_s,
+                                    measure_s=reply.elapsed_s)
+
+    def invoke(self, toolchain: str, method: str, *args: Any, timeout_s: float = 120.0,
+               **kwargs: Any) -> Any:
+        """Call ``get_toolchain(toolchain).method(*args, **kwargs)`` in the child."""
+        reply = self.request("invoke", (toolchain, method, args, kwargs), timeout_s)
+        if not reply.ok:
+            raise WorkerError(reply.status, reply.error)
+        return reply.value
+
+    def info(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        reply = self.request("info", None, timeout_s)
+        if not reply.ok:
+            raise WorkerError(reply.status, reply.error)
+        return reply.value
+
+    def ping(self, timeout_s: float = 30.0) -> Reply:
+        return self.request("ping", None, timeout_s)
