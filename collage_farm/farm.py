@@ -1,0 +1,1137 @@
+"""The measurement farm: candidate builds and measurements as Ray work on device-owning runners.
+
+This is the only module of the project that imports ``ray``: everything else talks to the farm
+through `Farm.measure`, which takes `MeasureRequest`s and yields `MeasureResult`s as they
+finish, so the search, the estimators and the tests never see object refs, actors or Ray errors.
+
+Why Ray, and how it is used
+---------------------------
+* **Runners are actors**, one per measurement slot, each wrapping a `runners.local.LocalRunner`
+  (which runs toolchain code in its own worker process, so a segfaulting toolchain costs a row,
+  not the actor). Slots come from the resources the cluster advertises (see ``cluster.yaml``):
+
+  - ``cpu_slot_<i>`` (one per core ``i`` of a node): a CPU runner holding ``{"CPU": 1,
+    "cpu_slot_<i>": 1}``, pinned to core ``i`` with ``os.sched_setaffinity`` (Ray resources are
+    logical; pinning is ours) and with ``CUDA_VISIBLE_DEVICES`` emptied. If no node of the
+    cluster advertises any ``cpu_slot_*`` (a plain cluster), every node's ``CPU`` count gives
+    unpinned CPU runners instead, with a warning.
+  - ``GPU``: a CUDA runner per GPU holding ``{"GPU": 1}`` (Ray sets ``CUDA_VISIBLE_DEVICES``).
+  - ``ethosu_sim``: an Ethos-U (Vela) runner per slot. Vela's estimate is deterministic (cycles
+    / clock), so these hold no CPU and need no exclusive core; on a real cluster they live on
+    their own node type.
+
+  Every runner actor is placed with a hard node affinity, so a runner is "this slot of that
+  node" and its core pinning means something.
+* **Builds run on the runner actors**, right before the measurement of the same candidate, in
+  the same single-threaded actor on the same pinned core: a build never overlaps a measurement
+  on a core. No build task runs anywhere else, because with every core of a measurement node
+  owned by a pinned runner, a free-floating build task would share a core with some runner's
+  timing loop. Sub-graph *extraction* (ONNX bytes of the candidate, 0.03-0.5 ms) happens in the
+  coordinator, lazily, as the dispatch loop pulls requests, and travels with the request.
+* **Dispatch** keeps ``depth`` calls (default 2) queued on every runner, so a runner starts its
+  next candidate the moment it finishes one (the actor-call round trip, ~0.7 ms, is hidden), and
+  pulls requests from the caller's iterator only as runners free up (bounded in-flight queue).
+  Results are consumed with ``ray.wait`` in completion order.
+* **Runner death** (the actor process killed or crashed, a hung call killed by the watchdog, or
+  the node lost): every call in flight on that runner is taken back and re-queued, preferring
+  another runner. The call that was executing (the oldest: an actor runs calls in order) gets a
+  strike unless the node itself died; a candidate with ``crash_limit`` (2) strikes is returned
+  as a ``crashed`` result (``timeout`` if the watchdog killed it) and the campaign goes on. A
+  runner whose actor dies is restarted by Ray (``max_restarts``), probed with ``ping`` and put
+  back to work; a runner whose node is gone is retired. Actor calls use ``max_task_retries=0``:
+  retries are ours, so that strikes can be counted and work moved to other runners.
+* **Auth**: Ray's token authentication stays on. An embedded ``ray.init()`` enables it by
+  default and a cluster joined with ``--address`` needs its token (``~/.ray/auth_token`` or
+  ``RAY_AUTH_TOKEN``); only tests set ``RAY_AUTH_MODE=disabled``, and the farm warns when it
+  finds authentication disabled.
+
+Progress goes to a one-line bar on a TTY (counts, cache hits, failures, ETA) and otherwise to
+parseable ``logging`` lines (``farm progress done=.. total=.. hits=.. failed=.. eta_s=..``).
+
+Test-only fault injection: a ``null``-toolchain target with option ``farm_exit_on`` (``"*"``,
+or a substring of the fingerprint or of the request label, like `runners.null`'s options) makes
+the runner *actor process* exit when it receives a matching request, so tests can exercise
+runner death without killing processes by hand. No other toolchain honours it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import ray
+from ray.exceptions import (
+    ActorUnavailableError,
+    ActorUnschedulableError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from collage_farm.target import Target
+from runners.base import (
+    BuildInput,
+    DeviceDescription,
+    MeasureConfig,
+    MeasureInput,
+    MeasureResult,
+    Status,
+)
+
+log = logging.getLogger(__name__)
+
+CPU_SLOT_RE = re.compile(r"^cpu_slot_(\d+)$")
+ETHOSU_RESOURCE = "ethosu_sim"
+DEVICE_KINDS = ("cpu", "cuda", "ethos-u")
+FAULT_OPTION = "farm_exit_on"
+FAULT_EXIT_CODE = 77
+#: `MeasureResult.details` key set on results the farm produced itself (not a runner)
+FARM_DETAIL = "farm"
+
+
+class FarmError(RuntimeError):
+    """The farm cannot go on (no runner started, every runner of a kind lost)."""
+
+
+# ------------------------------------------------------------------------------------------
+# messages
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """One candidate to build and measure: the sub-model and how to time it."""
+
+    build: BuildInput
+    config: MeasureConfig = field(default_factory=MeasureConfig)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.build.fingerprint
+
+    @property
+    def target(self) -> Target:
+        return self.build.target
+
+    @property
+    def label(self) -> str:
+        return self.build.label
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """What a runner actor is: where it runs, what it holds, what it serves."""
+
+    name: str
+    kind: str  # "cpu" | "cuda" | "ethos-u"
+    node_id: str
+    toolchains: tuple[str, ...]  # asked for; the actor serves those available on its node
+    cores: tuple[int, ...] = ()  # cores to pin to (empty: no pinning)
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources held
+    build_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What a started runner reports about itself."""
+
+    name: str
+    kind: str
+    node_id: str
+    hostname: str
+    pid: int
+    toolchains: tuple[str, ...]  # served
+    unavailable: tuple[tuple[str, str], ...]  # (toolchain, why not)
+    versions: tuple[tuple[str, str], ...]  # (toolchain, version)
+    cores: tuple[int, ...]
+    declared_resources: tuple[tuple[str, float], ...]  # what the LocalRunner declares
+
+
+@dataclass(frozen=True)
+class RunnerStats:
+    name: str
+    busy_s: float  # time spent inside run() (build + measure)
+    calls: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class FarmStats:
+    """Totals over the farm's life, for campaign summaries and the benchmark."""
+
+    runners: int
+    alive: int
+    by_kind: tuple[tuple[str, int], ...]
+    results: int
+    retried: int  # requests re-queued after a runner died
+    crashed: int  # requests given up after crash_limit runner deaths
+    runner_failures: int  # runner deaths seen
+    measure_wall_s: float  # time spent inside measure() loops
+
+
+# ------------------------------------------------------------------------------------------
+# the runner actor
+
+
+def _detail(res: MeasureResult, **extra: object) -> MeasureResult:
+    return dataclasses.replace(res, details=tuple(res.details) + tuple(extra.items()))
+
+
+class RunnerActor:
+    """The body of a runner actor: a `LocalRunner` on one slot, never raising for candidates."""
+
+    def __init__(self, spec: RunnerSpec) -> None:
+        self.spec = spec
+        self.pid = os.getpid()
+        if spec.kind != "cuda":
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU/NPU runners must not grab a GPU
+        if spec.cores and hasattr(os, "sched_setaffinity"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, set(spec.cores))
+        from runners.local import LocalRunner
+
+        # toolchain code (and its heavy imports) lives in the LocalRunner's worker process;
+        # the actor only learns there which toolchains work on this node, and their versions
+        self.runner: Any = LocalRunner(
+            list(spec.toolchains),
+            cores=list(spec.cores) or None,
+            device_kind=spec.kind,
+            build_timeout_s=spec.build_timeout_s,
+        )
+        avail = self.runner.available()
+        served: list[str] = []
+        unavailable: list[tuple[str, str]] = []
+        versions: dict[str, str] = {}
+        for name in spec.toolchains:
+            why = avail.get(name, "not reported by the runner's worker")
+            if why is None:
+                try:
+                    versions[name] = str(self.runner.invoke(name, "version", timeout_s=60))
+                except Exception as e:
+                    why = f"version() failed: {type(e).__name__}: {e}"
+            if why is None:
+                served.append(name)
+            else:
+                unavailable.append((name, str(why)))
+        self.served = tuple(served)
+        self.unavailable = tuple(unavailable)
+        self.versions = versions
+        self.busy_s = 0.0
+        self.calls = 0
+        self._desc: dict[str, DeviceDescription] = {}
+
+    def ping(self) -> int:
+        return self.pid
+
+    def info(self) -> RunnerInfo:
+        declared: tuple[tuple[str, float], ...] = ()
+        if self.runner is not None:
+            with contextlib.suppress(Exception):
+                declared = tuple(sorted((str(k), float(v))
+                                        for k, v in self.runner.resources().items()))
+        return RunnerInfo(
+            name=self.spec.name,
+            kind=self.spec.kind,
+            node_id=self.spec.node_id,
+            hostname=socket.gethostname(),
+            pid=self.pid,
+            toolchains=self.served,
+            unavailable=self.unavailable,
+            versions=tuple(sorted(self.versions.items())),
+            cores=tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity")
+            else (),
+            declared_resources=declared,
+        )
+
+    def describe(self, target: Target) -> tuple[DeviceDescription | None, str]:
+        """The device rows of ``target`` will name, and the toolchain version."""
+        return self._device(target), self.versions.get(target.toolchain, "")
+
+    def _device(self, target: Target) -> DeviceDescription | None:
+        key = target.measure_key
+        if key not in self._desc:
+            d = None
+            if self.runner is not None and target.toolchain in self.served:
+                try:
+                    d = self.runner.device_description(target)
+                except Exception:
+                    d = None
+            if d is None:
+                return None
+            self._desc[key] = d
+        return self._desc[key]
+
+    def stats(self) -> RunnerStats:
+        return RunnerStats(self.spec.name, self.busy_s, self.calls, self.pid)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            with contextlib.suppress(Exception):
+                self.runner.close()
+            self.runner = None
+
+    def _maybe_exit(self, req: MeasureRequest) -> None:
+        """Test-only fault injection (null toolchain only): see the module docstring."""
+        t = req.target
+        if t.toolchain != "null":
+            return
+        v = t.option(FAULT_OPTION)
+        if not v:
+            return
+        v = str(v)
+        if v == "*" or v in req.fingerprint or (req.label and v in req.label):
+            os._exit(FAULT_EXIT_CODE)
+
+    def run(self, req: MeasureRequest) -> MeasureResult:
+        """Build then measure one candidate; every failure comes back as a result."""
+        t0 = time.perf_counter()
+        self._maybe_exit(req)
+        try:
+            res = self._run(req)
+        except Exception as e:  # LocalRunner promises not to raise; a bug must not kill us
+            res = MeasureResult.failed(
+                req.build, Status.RUNTIME_ERROR, f"runner error ({type(e).__name__}): {e}",
+                req.config, device=self._safe_device(req.target),
+                toolchain_version=self.versions.get(req.target.toolchain, ""),
+            )
+        self.busy_s += time.perf_counter() - t0
+        self.calls += 1
+        return _detail(res, runner=self.spec.name, node=self.spec.node_id[:12])
+
+    def _safe_device(self, target: Target) -> DeviceDescription | None:
+        try:
+            return self._device(target)
+        except Exception:
+            return None
+
+    def _run(self, req: MeasureRequest) -> MeasureResult:
+        target = req.target
+        version = self.versions.get(target.toolchain, "")
+        if self.runner is None or target.toolchain not in self.served:
+            why = dict(self.unavailable).get(target.toolchain, "not served by this runner")
+            return MeasureResult.failed(
+                req.build, Status.UNSUPPORTED,
+                f"toolchain {target.toolchain!r} unavailable on runner {self.spec.name}: {why}",
+                req.config, toolchain_version=version,
+            )
+        device = self._device(target)
+        b = self.runner.build(req.build)
+        if not b.ok:
+            return MeasureResult.failed(b, b.status, b.error, req.config, device=device,
+                                        toolchain_version=version, build_s=b.build_s)
+        m = self.runner.measure(MeasureInput(b, req.config))
+        fill: dict[str, object] = {}
+        if not m.build_s:
+            fill["build_s"] = b.build_s
+        if m.device is None and device is not None:
+            fill["device"] = device
+        if not m.toolchain_version and version:
+            fill["toolchain_version"] = version
+        return dataclasses.replace(m, **fill) if fill else m
+
+
+_RemoteRunner = ray.remote(RunnerActor)
+
+
+# ------------------------------------------------------------------------------------------
+# progress
+
+
+class Progress:
+    """Campaign progress: a bar on a TTY, otherwise a parseable log line every few seconds.
+
+    The estimator reports the campaign's size and cache hits (`add`); the farm reports each
+    result (`result`) and what is in flight.
+    """
+
+    def __init__(self, enabled: bool | None = None, stream: TextIO | None = None,
+                 log_every_s: float = 10.0) -> None:
+        self.stream = stream or sys.stderr
+        tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.bar = tty if enabled is None else (enabled and tty)
+        self.log_every_s = log_every_s
+        self.total = 0
+        self.hits = 0
+        self.done = 0
+        self.failed = 0
+        self.inflight = 0
+        self.t0 = time.monotonic()
+        self._t_first: float | None = None
+        self._last = 0.0
+        self._drawn = False
+
+    def add(self, total: int = 0, hits: int = 0) -> None:
+        self.total += total
+        self.hits += hits
+        self.render()
+
+    def result(self, res: MeasureResult) -> None:
+        if self._t_first is None:
+            self._t_first = time.monotonic()
+        self.done += 1
+        if not res.ok:
+            self.failed += 1
+        self.render()
+
+    def eta_s(self) -> float:
+        left = max(0, self.total - self.hits - self.done)
+        elapsed = time.monotonic() - self.t0
+        if self.done == 0 or elapsed <= 0:
+            return math.nan
+        return left * elapsed / self.done
+
+    def line(self) -> str:
+        eta = self.eta_s()
+        eta_s = "-" if math.isnan(eta) else f"{eta:.0f}"
+        return (f"farm progress done={self.done} total={self.total} hits={self.hits} "
+                f"failed={self.failed} inflight={self.inflight} eta_s={eta_s}")
+
+    def render(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.bar:
+            if not force and now - self._last < 0.2:
+                return
+            self._last = now
+            need = max(1, self.total)
+            frac = min(1.0, (self.done + self.hits) / need)
+            width = 24
+            filled = int(frac * width)
+            eta = self.eta_s()
+            eta_txt = "--:--" if math.isnan(eta) else f"{int(eta) // 60:02d}:{int(eta) % 60:02d}"
+            text = (f"\r[{'#' * filled}{'.' * (width - filled)}] "
+                    f"{self.done + self.hits}/{self.total} measured {self.done} hits {self.hits} "
+                    f"failed {self.failed} in-flight {self.inflight} ETA {eta_txt} ")
+            self.stream.write(text)
+            self.stream.flush()
+            self._drawn = True
+        elif force or now - self._last >= self.log_every_s:
+            self._last = now
+            if self.total or self.done:
+                log.info(self.line())
+
+    def close(self) -> None:
+        if self.bar and self._drawn:
+            self.render(force=True)
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+        elif not self.bar and (self.total or self.done):
+            log.info(self.line())
+
+
+# ------------------------------------------------------------------------------------------
+# planning runners from cluster resources
+
+
+def toolchain_kinds(names: Iterable[str] | None) -> dict[str, str]:
+    """Device kind of each toolchain (all registered toolchains when ``names`` is None)."""
+    from runners.registry import device_kind_of, toolchain_names
+
+    if names is None:
+        names = toolchain_names()
+    out: dict[str, str] = {}
+    for n in names:
+        try:
+            out[n] = device_kind_of(n)
+        except Exception as e:
+            log.warning("farm: toolchain %r is unknown here (%s); no runner will serve it", n, e)
+    return out
+
+
+def _detect_gpus() -> int:
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([d for d in vis.split(",") if d.strip() and d.strip() != "-1"])
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+@dataclass(frozen=True)
+class LocalResources:
+    """What an embedded Ray is started with, and which cores GPU runners get."""
+
+    num_cpus: int
+    num_gpus: int
+    resources: dict[str, float]
+    gpu_cores: tuple[int, ...]
+
+
+def local_resources(num_cpus: int | None, num_gpus: int | None, ethosu_slots: int | None,
+                    kinds: Iterable[str]) -> LocalResources:
+    """Detect cores/GPUs here: a ``cpu_slot_<core>`` per measurement core, a core kept per GPU.
+
+    ``num_cpus`` is the number of CPU measurement slots (default: every core this process may
+    use, less one per GPU runner, since a GPU runner drives its GPU from a core of its own).
+    """
+    kinds = set(kinds)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+        range(os.cpu_count() or 1))
+    gpus = num_gpus if num_gpus is not None else (_detect_gpus() if "cuda" in kinds else 0)
+    if num_cpus is None:
+        n = len(cores) - gpus if len(cores) > gpus else len(cores)
+    else:
+        n = num_cpus
+        if n > len(cores):
+            log.warning("farm: %d CPU slots asked for but only %d cores usable; using %d",
+                        n, len(cores), len(cores))
+            n = len(cores)
+    n = max(1, n)
+    slot_cores = cores[:n]
+    spare = cores[n:]
+    gpu_cores = tuple(spare[i] if i < len(spare) else cores[-1] for i in range(gpus))
+    ethosu = ethosu_slots if ethosu_slots is not None else (1 if "ethos-u" in kinds else 0)
+    res: dict[str, float] = {f"cpu_slot_{c}": 1.0 for c in slot_cores}
+    if ethosu:
+        res[ETHOSU_RESOURCE] = float(ethosu)
+    return LocalResources(n, gpus, res, gpu_cores)
+
+
+def plan_runners(nodes: Sequence[Mapping[str, Any]], kinds_by_toolchain: Mapping[str, str],
+                 *, build_timeout_s: float = 300.0,
+                 gpu_cores: Mapping[str, Sequence[int]] | None = None) -> list[RunnerSpec]:
+    """One `RunnerSpec` per measurement slot the alive ``nodes`` (``ray.nodes()``) advertise."""
+    by_kind: dict[str, list[str]] = {}
+    for tc, kind in sorted(kinds_by_toolchain.items()):
+        by_kind.setdefault(kind, []).append(tc)
+    alive = sorted((n for n in nodes if n.get("Alive", True)), key=lambda n: n["NodeID"])
+    any_slots = any(CPU_SLOT_RE.match(k) for n in alive for k in n.get("Resources", {}))
+    specs: list[RunnerSpec] = []
+    gpu_cores = gpu_cores or {}
+    for node in alive:
+        res = node.get("Resources", {})
+        nid = node["NodeID"]
+        short = nid[:8]
+        if "cpu" in by_kind:
+            tcs = tuple(by_kind["cpu"])
+            slots = sorted(int(m.group(1)) for k in res if (m := CPU_SLOT_RE.match(k)))
+            for s in slots:
+                specs.append(RunnerSpec(f"cpu-{short}-{s}", "cpu", nid, tcs, (s,), 1.0, 0.0,
+                                        ((f"cpu_slot_{s}", 1.0),), build_timeout_s))
+            if not any_slots:
+                for i in range(int(res.get("CPU", 0))):
+                    specs.append(RunnerSpec(f"cpu-{short}-u{i}", "cpu", nid, tcs, (), 1.0, 0.0,
+                                            (), build_timeout_s))
+        if "cuda" in by_kind:
+            cores = list(gpu_cores.get(nid, ()))
+            for i in range(int(res.get("GPU", 0))):
+                pin = (cores[i],) if i < len(cores) else ()
+                specs.append(RunnerSpec(f"cuda-{short}-{i}", "cuda", nid, tuple(by_kind["cuda"]),
+                                        pin, 0.0, 1.0, (), build_timeout_s))
+        if "ethos-u" in by_kind:
+            for i in range(int(res.get(ETHOSU_RESOURCE, 0))):
+                specs.append(RunnerSpec(f"ethosu-{short}-{i}", "ethos-u", nid,
+                                        tuple(by_kind["ethos-u"]), (), 0.0, 0.0,
+                                        ((ETHOSU_RESOURCE, 1.0),), build_timeout_s))
+    if "cpu" in by_kind and not any_slots and any(s.kind == "cpu" for s in specs):
+        log.warning("farm: no node advertises cpu_slot_* resources; CPU runners are not pinned "
+                    "to cores (see cluster.yaml)")
+    return specs
+
+
+# ------------------------------------------------------------------------------------------
+# the farm
+
+
+@dataclass(eq=False)
+class _Runner:
+    spec: RunnerSpec
+    actor: Any
+    info: RunnerInfo | None = None
+    state: str = "starting"  # starting | healthy | probing | dead
+    inflight: collections.deque = field(default_factory=collections.deque)  # refs, in order
+    head_since: float = 0.0  # when the oldest in-flight call could have started
+    probe: Any = None  # the outstanding ping, while probing
+    probe_since: float = 0.0  # when the runner failed
+    next_probe: float = 0.0  # when to ping again (a restarting actor refuses calls)
+    failures: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    def serves(self, toolchain: str) -> bool:
+        return self.info is not None and toolchain in self.info.toolchains
+
+
+@dataclass(eq=False)
+class _Work:
+    req: MeasureRequest
+    kind: str
+    crashes: int = 0
+    avoid: set = field(default_factory=set)
+    errors: list = field(default_factory=list)
+    runner: _Runner | None = None
+    timed_out: bool = False
+
+
+def _short(err: BaseException, limit: int = 300) -> str:
+    text = f"{type(err).__name__}: {err}".replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Farm:
+    """Runner actors on a Ray cluster, and a dispatch loop that keeps them busy.
+
+    Build with `Farm.start`. ``depth``: calls kept queued per runner; ``crash_limit``: runner
+    deaths a candidate may cause before it is returned as ``crashed``; ``watchdog_slack_s``: how
+    far past its own timeouts (build + measure) a call may run before the runner is killed.
+    """
+
+    def __init__(
+        self,
+        *,
+        owns_ray: bool = False,
+        depth: int = 2,
+        crash_limit: int = 2,
+        max_restarts: int = 4,
+        watchdog_slack_s: float = 60.0,
+        probe_timeout_s: float = 120.0,
+        progress: Progress | None = None,
+    ) -> None:
+        self.owns_ray = owns_ray
+        self.depth = max(1, depth)
+        self.crash_limit = max(1, crash_limit)
+        self.max_restarts = max_restarts
+        self.watchdog_slack_s = watchdog_slack_s
+        self.probe_timeout_s = probe_timeout_s
+        self.progress = progress or Progress()
+        self._runners: list[_Runner] = []
+        self._desc: dict[str, tuple[DeviceDescription | None, str]] = {}
+        self._kinds: dict[str, str] = {}  # toolchain -> device kind
+        self._results = 0
+        self._retried = 0
+        self._crashed = 0
+        self._runner_failures = 0
+        self._wall = 0.0
+        self._closed = False
+
+    # --- construction ------------------------------------------------------------------
+    @classmethod
+    def start(
+        cls,
+        address: str | None = None,
+        *,
+        num_cpus: int | None = None,
+        num_gpus: int | None = None,
+        ethosu_slots: int | None = None,
+        toolchains: Iterable[str] | None = None,
+        build_timeout_s: float = 300.0,
+        depth: int = 2,
+        crash_limit: int = 2,
+        namespace: str | None = None,
+        runtime_env: Mapping[str, Any] | None = None,
+        progress: bool | Progress | None = None,
+        startup_timeout_s: float = 180.0,
+        max_runners: int | None = None,
+    ) -> Farm:
+        """Start (or join) Ray and one runner actor per measurement slot.
+
+        ``address``: ``None`` starts an embedded local Ray with detected resources (unless
+        ``RAY_ADDRESS`` is set, or Ray is already initialised in this process, which is then
+        used as is); ``"auto"`` or ``"ray://HOST:PORT"`` joins a cluster. ``num_cpus``: CPU
+        measurement slots of an embedded Ray (default: all cores). ``toolchains``: those to
+        serve (default: every registered toolchain). ``max_runners`` caps runners (benchmarks).
+        """
+        kinds = toolchain_kinds(toolchains)
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        owns = False
+        gpu_cores: dict[str, tuple[int, ...]] = {}
+        local: LocalResources | None = None
+        if ray.is_initialized():
+            log.info("farm: using the Ray runtime already initialised in this process")
+        elif address:
+            ray.init(address=address, namespace=namespace,
+                     runtime_env=dict(runtime_env) if runtime_env else None,
+                     logging_level=logging.WARNING)
+        else:
+            local = local_resources(num_cpus, num_gpus, ethosu_slots, kinds.values())
+            # address="local": always a new instance, never a stray local cluster that
+            # /tmp/ray/ray_current_cluster happens to name
+            ray.init(address="local", num_cpus=local.num_cpus, num_gpus=local.num_gpus,
+                     resources=local.resources, include_dashboard=False, namespace=namespace,
+                     runtime_env=dict(runtime_env) if runtime_env else None,
+                     logging_level=logging.WARNING)
+            owns = True
+        auth = os.environ.get("RAY_AUTH_MODE", "").lower()
+        if auth == "disabled" and "pytest" not in sys.modules:
+            log.warning("farm: Ray token authentication is disabled (RAY_AUTH_MODE=disabled); "
+                        "anyone who can reach the cluster can run code on it")
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if local is not None:
+            here = ray.get_runtime_context().get_node_id()
+            gpu_cores[here] = local.gpu_cores
+        specs = plan_runners(nodes, kinds, build_timeout_s=build_timeout_s, gpu_cores=gpu_cores)
+        if max_runners is not None:
+            specs = specs[:max_runners]
+        if isinstance(progress, Progress):
+            prog = progress
+        else:
+            prog = Progress(enabled=progress)
+        farm = cls(owns_ray=owns, depth=depth, crash_limit=crash_limit, progress=prog)
+        farm._kinds = dict(kinds)
+        try:
+            farm._launch(specs, startup_timeout_s)
+        except BaseException:
+            farm.close()
+            raise
+        return farm
+
+    def _launch(self, specs: Sequence[RunnerSpec], timeout_s: float) -> None:
+        if not specs:
+            raise FarmError(
+                "the Ray cluster advertises no measurement slot for the requested toolchains "
+                f"({', '.join(sorted(self._kinds)) or 'none'}): need cpu_slot_<i>, GPU or "
+                f"{ETHOSU_RESOURCE} resources (see cluster.yaml)")
+        pending: dict[Any, _Runner] = {}
+        for spec in specs:
+            opts: dict[str, Any] = {
+                "num_cpus": spec.num_cpus,
+                "num_gpus": spec.num_gpus,
+                "max_restarts": self.max_restarts,
+                "max_task_retries": 0,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(spec.node_id, soft=False),
+            }
+            if spec.resources:
+                opts["resources"] = dict(spec.resources)
+            actor = _RemoteRunner.options(**opts).remote(spec)
+            r = _Runner(spec, actor)
+            self._runners.append(r)
+            pending[actor.info.remote()] = r
+        ready, not_ready = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+        for ref in ready:
+            r = pending[ref]
+            try:
+                r.info = ray.get(ref)
+                r.state = "healthy"
+            except RayError as e:
+                r.state = "dead"
+                log.warning("farm: runner %s failed to start: %s", r.name, _short(e))
+        for ref in not_ready:
+            r = pending[ref]
+            r.state = "dead"
+            log.warning("farm: runner %s did not start within %.0f s (its resources may be held "
+                        "by another job); dropped", r.name, timeout_s)
+            with contextlib.suppress(Exception):
+                ray.kill(r.actor, no_restart=True)
+        healthy = [r for r in self._runners if r.state == "healthy"]
+        if not healthy:
+            raise FarmError("no runner started; see the warnings above")
+        for r in healthy:
+            assert r.info is not None
+            for tc, why in r.info.unavailable:
+                log.info("farm: runner %s cannot serve %s: %s", r.name, tc, why)
+        counts = collections.Counter(r.kind for r in healthy)
+        nodes = {r.spec.node_id for r in healthy}
+        served = sorted({tc for r in healthy for tc in r.info.toolchains})  # type: ignore[union-attr]
+        log.info("farm: %d runners (%s) on %d node(s), serving %s", len(healthy),
+                 ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())), len(nodes),
+                 ", ".join(served) or "nothing")
+
+    # --- introspection -------------------------------------------------------------------
+    @property
+    def runners(self) -> list[RunnerInfo]:
+        return [r.info for r in self._runners if r.info is not None and r.state != "dead"]
+
+    def alive_runners(self, kind: str | None = None) -> int:
+        return sum(1 for r in self._runners if r.state in ("healthy", "probing")
+                   and (kind is None or r.kind == kind))
+
+    def serves(self, toolchain: str) -> bool:
+        return any(r.serves(toolchain) for r in self._runners if r.state == "healthy")
+
+    def describe(self, target: Target) -> tuple[DeviceDescription | None, str] | None:
+        """(device, toolchain version) that rows for ``target`` will carry; None if unserved."""
+        key = target.measure_key
+        if key in self._desc:
+            return self._desc[key]
+        for r in self._runners:
+            if r.state == "healthy" and r.serves(target.toolchain):
+                try:
+                    got = ray.get(r.actor.describe.remote(target), timeout=120)
+                except RayError as e:
+                    log.warning("farm: runner %s could not describe %s: %s", r.name, target,
+                                _short(e))
+                    continue
+                self._desc[key] = got
+                return got
+        return None
+
+    def runner_stats(self, timeout_s: float = 30.0) -> list[RunnerStats]:
+        live = [r for r in self._runners if r.state == "healthy"]
+        refs = [r.actor.stats.remote() for r in live]
+        out = []
+        for ref in refs:
+            with contextlib.suppress(RayError):
+                out.append(ray.get(ref, timeout=timeout_s))
+        return out
+
+    def stats(self) -> FarmStats:
+        counts = collections.Counter(r.kind for r in self._runners if r.state != "dead")
+        return FarmStats(
+            runners=len(self._runners),
+            alive=self.alive_runners(),
+            by_kind=tuple(sorted(counts.items())),
+            results=self._results,
+            retried=self._retried,
+            crashed=self._crashed,
+            runner_failures=self._runner_failures,
+            measure_wall_s=self._wall,
+        )
+
+    # --- measuring -----------------------------------------------------------------------
+    def measure(self, requests: Iterable[MeasureRequest]) -> Iterator[MeasureResult]:
+        """Build and measure every request; yield results in completion order.
+
+        Requests are pulled lazily, only as runners free up, so the caller may build them
+        lazily (extraction happens when a runner is about to need the bytes). Never raises for
+        a candidate: failures are results. Raises `FarmError` only when no runner is left for
+        requests still waiting.
+        """
+        t0 = time.perf_counter()
+        src = iter(requests)
+        exhausted = False
+        queues: dict[str, collections.deque[_Work]] = collections.defaultdict(
+            collections.deque)
+        inflight: dict[Any, _Work] = {}
+        ready_out: collections.deque[MeasureResult] = collections.deque()
+        n_runners = max(1, self.alive_runners())
+        max_buffer = 4 * n_runners + 8
+        prog = self.progress
+
+        def queued() -> int:
+            return sum(len(q) for q in queues.values())
+
+        def free_slots() -> int:
+            return sum(self.depth - len(r.inflight) for r in self._runners
+                       if r.state == "healthy")
+
+        def route(req: MeasureRequest) -> None:
+            tc = req.target.toolchain
+            kind = self._kinds.get(tc, req.target.device.kind)
+            if not any(r.serves(tc) for r in self._runners if r.state in ("healthy", "probing")):
+                ready_out.append(self._no_runner(req))
+                return
+            queues[kind].append(_Work(req, kind))
+
+        def pick(r: _Runner) -> _Work | None:
+            q = queues.get(r.kind)
+            if not q:
+                return None
+            for i, w in enumerate(q):
+                if not r.serves(w.req.target.toolchain):
+                    continue
+                if r.name in w.avoid and any(
+                    o is not r and o.state == "healthy" and o.serves(w.req.target.toolchain)
+                    and o.name not in w.avoid for o in self._runners
+                ):
+                    continue  # someone else can take it
+                del q[i]
+                return w
+            return None
+
+        def dispatch() -> None:
+            progressed = True
+            while progressed:
+                progressed = False
+                for r in sorted((r for r in self._runners if r.state == "healthy"),
+                                key=lambda r: len(r.inflight)):
+                    if len(r.inflight) >= self.depth:
+                        continue
+                    w = pick(r)
+                    if w is None:
+                        continue
+                    ref = r.actor.run.remote(w.req)
+                    if not r.inflight:
+                        r.head_since = time.monotonic()
+                    r.inflight.append(ref)
+                    w.runner = r
+                    inflight[ref] = w
+                    progressed = True
+
+        def refill() -> None:
+            nonlocal exhausted
+            while not exhausted and queued() < max_buffer and queued() < free_slots() + 1:
+                try:
+                    req = next(src)
+                except StopIteration:
+                    exhausted = True
+                    break
+                route(req)
+                dispatch()
+
+        def on_result(ref: Any) -> None:
+            w = inflight.pop(ref, None)
+            if w is None:
+                return
+            r = w.runner
+            assert r is not None
+            try:
+                res = ray.get(ref)
+            except (RayActorError, ActorUnschedulableError) as e:
+                inflight[ref] = w  # let the failure path see it
+                self._runner_failed(r, e, inflight, queues, ready_out)
+                return
+            except RayTaskError as e:  # the actor's own code raised: a farm bug, recorded
+                res = MeasureResult.failed(w.req.build, Status.RUNTIME_ERROR,
+                                           f"farm error: {_short(e, 2000)}", w.req.config)
+            except RayError as e:  # lost object, owner died, ...: treat as a runner failure
+                inflight[ref] = w
+                self._runner_failed(r, e, inflight, queues, ready_out)
+                return
+            if ref in r.inflight:
+                r.inflight.remove(ref)
+            r.head_since = time.monotonic()
+            ready_out.append(res)
+
+        def watchdog() -> None:
+            now = time.monotonic()
+            for r in self._runners:
+                if r.state != "healthy" or not r.inflight:
+                    continue
+                w = inflight.get(r.inflight[0])
+                if w is None:
+                    continue
+                limit = r.spec.build_timeout_s + w.req.config.timeout_s + self.watchdog_slack_s
+                if now - r.head_since > limit:
+                    log.warning("farm: runner %s has run %s for %.0f s (> %.0f s); killing it",
+                                r.name, w.req.label or w.req.fingerprint, now - r.head_since,
+                                limit)
+                    w.timed_out = True
+                    with contextlib.suppress(Exception):
+                        ray.kill(r.actor, no_restart=False)
+                    r.head_since = now  # one kill per limit
+
+        try:
+            while True:
+                refill()
+                dispatch()
+                while ready_out:
+                    res = ready_out.popleft()
+                    self._results += 1
+                    prog.inflight = len(inflight)
+                    prog.result(res)
+                    yield res
+                    refill()
+                    dispatch()
+                if exhausted and not inflight and not queued():
+                    break
+                self._probe_tick()
+                if not inflight:
+                    # queued work but nothing running: runners are restarting, or all gone
+                    waiting = {k for k, q in queues.items() if q}
+                    stranded = [k for k in waiting if not any(
+                        r.kind == k and r.state in ("healthy", "probing")
+                        for r in self._runners)]
+                    if stranded:
+                        n = sum(len(queues[k]) for k in stranded)
+                        raise FarmError(f"every {'/'.join(stranded)} runner is gone; {n} "
+                                        "requests were not measured (measured rows are kept)")
+                    if not any(r.state in ("healthy", "probing") for r in self._runners):
+                        raise FarmError("no runner left")
+                probes = {r.probe: r for r in self._runners
+                          if r.state == "probing" and r.probe is not None}
+                refs = list(inflight) + list(probes)
+                if not refs:
+                    if any(r.state == "probing" for r in self._runners):
+                        time.sleep(0.05)  # a restarting runner is asked again shortly
+                        continue
+                    # healthy runners exist but none could take the queued work (toolchain
+                    # unserved after a death): fail those requests as data
+                    for k in list(queues):
+                        while queues[k]:
+                            ready_out.append(self._no_runner(queues[k].popleft().req))
+                    continue
+                pending_ping = any(r.state == "probing" and r.probe is None
+                                   for r in self._runners)
+                done, _ = ray.wait(refs, num_returns=1, timeout=0.2 if pending_ping else 1.0)
+                if done:
+                    more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                    done = list(dict.fromkeys(list(done) + list(more)))
+                for ref in done:
+                    if ref in probes:
+                        self._probe_done(probes[ref])
+                    elif ref in inflight:
+                        on_result(ref)
+                watchdog()
+                prog.inflight = len(inflight)
+                prog.render()
+        finally:
+            self._wall += time.perf_counter() - t0
+            prog.inflight = 0
+
+    def _no_runner(self, req: MeasureRequest) -> MeasureResult:
+        serving = sorted({tc for r in self._runners if r.state != "dead" and r.info
+                          for tc in r.info.toolchains})
+        return MeasureResult.failed(
+            req.build, Status.UNSUPPORTED,
+            f"no runner in this farm serves toolchain {req.target.toolchain!r} "
+            f"(served: {', '.join(serving) or 'none'})",
+            req.config, details=((FARM_DETAIL, "no_runner"),),
+        )
+
+    def _node_alive(self, node_id: str) -> bool:
+        try:
+            for n in ray.nodes():
+                if n["NodeID"] == node_id:
+                    return bool(n.get("Alive"))
+        except Exception:
+            return True
+        return False
+
+    def _runner_failed(self, r: _Runner, err: BaseException, inflight: dict[Any, _Work],
+                       queues: dict[str, collections.deque[_Work]],
+                       ready_out: collections.deque[MeasureResult]) -> None:
+        """Take back ``r``'s in-flight work, strike the call it was running, probe or retire."""
+        self._runner_failures += 1
+        r.failures += 1
+        node_gone = isinstance(err, ActorUnschedulableError) or not self._node_alive(
+            r.spec.node_id)
+        refs = list(r.inflight)
+        r.inflight.clear()
+        ready: set[Any] = set()
+        if refs:
+            got, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            ready = set(got)
+        lost: list[_Work] = []
+        for ref in refs:
+            w = inflight.pop(ref, None)
+            if w is None:
+                continue
+            if ref in ready:
+                try:
+                    ready_out.append(ray.get(ref))  # finished before the runner died
+                    continue
+                except RayError:
+                    pass
+            lost.append(w)
+        log.warning("farm: runner %s failed (%s); %d request(s) re-queued%s", r.name,
+                    _short(err, 160), len(lost), "; its node is gone" if node_gone else "")
+        back: list[_Work] = []
+        for i, w in enumerate(lost):
+            w.avoid.add(r.name)
+            w.runner = None
+            if i == 0 and not node_gone:
+                w.crashes += 1
+                w.errors.append(_short(err))
+                if w.crashes >= self.crash_limit:
+                    ready_out.append(self._crashed_result(w))
+                    continue
+            self._retried += 1
+            back.append(w)
+        for w in reversed(back):
+            queues[w.kind].appendleft(w)
+        if node_gone:
+            r.state = "dead"
+            with contextlib.suppress(Exception):
+                ray.kill(r.actor, no_restart=True)
+            return
+        r.state = "probing"
+        r.probe = None
+        r.probe_since = r.next_probe = time.monotonic()
+
+    def _probe_tick(self) -> None:
+        """Ping runners that are restarting when due; retire those gone too long."""
+        now = time.monotonic()
+        for r in self._runners:
+            if r.state != "probing":
+                continue
+            if now - r.probe_since > self.probe_timeout_s:
+                r.state = "dead"
+                r.probe = None
+                log.warning("farm: runner %s did not come back within %.0f s; retired",
+                            r.name, self.probe_timeout_s)
+                with contextlib.suppress(Exception):
+                    ray.kill(r.actor, no_restart=True)
+            elif r.probe is None and now >= r.next_probe:
+                try:
+                    r.probe = r.actor.ping.remote()
+                except Exception as e:
+                    r.state = "dead"
+                    log.warning("farm: runner %s cannot be probed: %s", r.name, _short(e))
+
+    def _probe_done(self, r: _Runner) -> None:
+        ref, r.probe = r.probe, None
+        try:
+            ray.get(ref)
+        except ActorUnavailableError:  # still restarting: ask again shortly
+            r.next_probe = time.monotonic() + 0.2
+            return
+        except RayError as e:  # died for good: restarts used up, node gone, init failing
+            r.state = "dead"
+            log.warning("farm: runner %s is gone for good: %s", r.name, _short(e))
+            return
+        r.state = "healthy"
+        r.head_since = time.monotonic()
+        log.info("farm: runner %s is back after a restart", r.name)
+
+    def _crashed_result(self, w: _Work) -> MeasureResult:
+        self._crashed += 1
+        status = Status.TIMEOUT if w.timed_out else Status.CRASHED
+        device, version = None, ""
+        with contextlib.suppress(Exception):
+            got = self.describe(w.req.target)
+            if got is not None:
+                device, version = got
+        what = "hung and was killed" if w.timed_out else "died"
+        msg = (f"the runner process {what} {w.crashes} times running this candidate; "
+               f"last: {w.errors[-1] if w.errors else '?'}")
+        log.warning("farm: %s recorded as %s: %s", w.req.label or w.req.fingerprint,
+                    status.value, msg)
+        return MeasureResult.failed(w.req.build, status, msg, w.req.config, device=device,
+                                    toolchain_version=version,
+                                    details=((FARM_DETAIL, "runner_died"),
+                                             ("attempts", w.crashes)))
+
+    # --- shutdown ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the runner actors (and the embedded Ray this farm started)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.progress.close()
+        if ray.is_initialized():
+            live = [r for r in self._runners if r.state in ("healthy", "probing")]
+            refs = []
+            for r in live:
+                with contextlib.suppress(Exception):
+                    refs.append(r.actor.close.remote())
+            if refs:
+                with contextlib.suppress(Exception):
+                    ray.wait(refs, num_returns=len(refs), timeout=10)
+            for r in self._runners:
+                with contextlib.suppress(Exception):
+                    ray.kill(r.actor, no_restart=True)
+                r.state = "dead"
+            if self.owns_ray:
+                ray.shutdown()
+
+    def __enter__(self) -> Farm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,248 @@
+"""FarmEstimator: costs measured on the farm, cost table first, every result written at once.
+
+Why this shape: measurements are the expensive part of a campaign (seconds each, thousands of
+candidates), so the estimator does as little of them as it can and loses none of them:
+
+1. **Dedupe** a batch by fingerprint: repeated layers share one measurement.
+2. **Table first**: ask the cost table (`CostTable.lookup`) for every fingerprint not yet known,
+   keyed by the device and toolchain version the farm's runners report (so a table measured
+   on another machine or toolchain version is not silently reused, unless ``strictness`` says
+   so). Hits are cache hits; a known failure is not measured again.
+3. **Measure the rest** on the farm (`Farm.measure`), building each request lazily: the
+   sub-graph is extracted only when a runner is about to need it.
+4. **Write every result row as it arrives** (a `CostTableWriter` flushes within ~2 s), so a
+   campaign killed with ``kill -9`` loses at most its last seconds of measurements and a re-run
+   measures nothing already measured.
+
+A failed measurement (any status but ok) answers `Cost.invalid()`. Results the farm itself
+produced because no runner serves a toolchain (``details`` ``farm=no_runner``) answer invalid
+for this campaign but are **not** written: they say nothing about the candidate.
+
+Lower bounds come from `AnalyticEstimator` (roofline) so the search can evaluate lazily and
+never measure candidates that cannot win; ``prune=False`` turns that off.
+
+Statistics (`stats`, a `FarmEstimatorStats`): ``requested`` candidate costs asked for,
+``distinct`` fingerprints among them (over the estimator's life), ``cache_hits`` fingerprints
+answered by the table, ``measured`` fingerprints sent to runners, ``failed`` fingerprints
+answered invalid because of a failure (cached or fresh) with ``failed_by_status``, and
+``pruned`` fingerprints whose lower bound was asked but whose cost never was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from collage_farm.candidate import CandidatePartition
+from collage_farm.cost import Cost
+from estimators.analytic import AnalyticEstimator
+from estimators.base import CostEstimator, EstimatorStats
+from runners.base import BuildInput, MeasureConfig, MeasureResult, Status
+
+if TYPE_CHECKING:
+    from collage_farm.costtable import CostTable, CostTableWriter
+    from collage_farm.farm import Farm, MeasureRequest
+
+log = logging.getLogger(__name__)
+
+TensorRanges = tuple[tuple[str, float, float], ...]
+RangesFor = Callable[[CandidatePartition], "TensorRanges | Mapping[str, tuple[float, float]]"]
+
+
+@dataclass(frozen=True)
+class FarmEstimatorStats(EstimatorStats):
+    """`EstimatorStats` plus failures by status (``dict(stats.failed_by_status)``)."""
+
+    failed_by_status: tuple[tuple[str, int], ...] = ()
+
+
+def _ranges(value: Any) -> TensorRanges:
+    if not value:
+        return ()
+    if isinstance(value, Mapping):
+        return tuple((str(k), float(v[0]), float(v[1])) for k, v in sorted(value.items()))
+    return tuple((str(k), float(lo), float(hi)) for k, lo, hi in value)
+
+
+class FarmEstimator(CostEstimator):
+    """Cost table first, farm for the rest, rows written as results arrive.
+
+    ``table``: a cost-table directory path, a `CostTable` or a `CostTableWriter` (the
+    estimator opens and closes what it creates). ``close_farm``: `close` also closes the farm
+    (the estimator then owns it, as `collage_farm.campaign` does).
+    """
+
+    label = "farm"
+
+    def __init__(
+        self,
+        farm: Farm,
+        table: str | os.PathLike[str] | CostTable | CostTableWriter,
+        *,
+        campaign_id: str = "",
+        model: str = "",
+        tensor_ranges_for: RangesFor | None = None,
+        measure_config: MeasureConfig | None = None,
+        prune: bool = True,
+        strictness: str = "exact",
+        bound: CostEstimator | None = None,
+        close_farm: bool = True,
+    ) -> None:
+        from collage_farm.costtable import CostTable, CostTableWriter
+
+        self.farm = farm
+        self.campaign_id = campaign_id
+        self.model = model
+        self.tensor_ranges_for = tensor_ranges_for
+        self.config = measure_config or MeasureConfig()
+        self.strictness = strictness
+        self.close_farm = close_farm
+        self._own_writer = True
+        if isinstance(table, CostTableWriter):
+            self.writer = table
+            self.table = CostTable(table.path)
+            self._own_writer = False
+        elif isinstance(table, CostTable):
+            self.table = table
+            self.writer = table.writer(campaign_id=campaign_id)
+        else:
+            self.table = CostTable(table)
+            self.writer = CostTableWriter(table, campaign_id=campaign_id)
+        self.bound = bound or AnalyticEstimator(threads=self.config.threads)
+        self.has_lower_bound = bool(prune)
+        self._memo: dict[str, Cost] = {}
+        self._requested = 0
+        self._cache_hits = 0
+        self._measured = 0
+        self._failed: dict[str, int] = {}
+        self._lb_asked: set[str] = set()
+        self._closed = False
+
+    # --- CostEstimator -------------------------------------------------------------------
+    def lower_bound(self, candidate: CandidatePartition) -> Cost:
+        self._lb_asked.add(candidate.fingerprint)
+        return self.bound.lower_bound(candidate)
+
+    def estimate(self, candidates: Sequence[CandidatePartition]) -> list[Cost]:
+        self._requested += len(candidates)
+        first: dict[str, CandidatePartition] = {}
+        for c in candidates:
+            first.setdefault(c.fingerprint, c)
+        new = [fp for fp in first if fp not in self._memo]
+        if new:
+            self._resolve({fp: first[fp] for fp in new})
+        return [self._memo[c.fingerprint] for c in candidates]
+
+    def stats(self) -> FarmEstimatorStats:
+        return FarmEstimatorStats(
+            requested=self._requested,
+            distinct=len(self._memo),
+            cache_hits=self._cache_hits,
+            measured=self._measured,
+            pruned=len(self._lb_asked - set(self._memo)),
+            failed=sum(self._failed.values()),
+            failed_by_status=tuple(sorted(self._failed.items())),
+        )
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._own_writer:
+                self.writer.close()
+            else:
+                self.writer.flush()
+        finally:
+            self.farm.progress.close()
+            if self.close_farm:
+                self.farm.close()
+
+    # --- the work ------------------------------------------------------------------------
+    def _lookup_keys(self, cands: Mapping[str, CandidatePartition]
+                     ) -> tuple[dict[str, str], dict[str, str]]:
+        devices: dict[str, str] = {}
+        versions: dict[str, str] = {}
+        seen: set[str] = set()
+        for c in cands.values():
+            key = c.target.measure_key
+            if key in seen:
+                continue
+            seen.add(key)
+            got = self.farm.describe(c.target)
+            if got is None:
+                log.info("farm estimator: no runner serves %s; any table row for it is used",
+                         c.target)
+                continue
+            device, version = got
+            if device is not None:
+                devices[key] = device.describe()
+            if version:
+                versions[key] = version
+        return devices, versions
+
+    def _resolve(self, cands: dict[str, CandidatePartition]) -> None:
+        devices, versions = self._lookup_keys(cands)
+        keys = [(fp, c.target.measure_key) for fp, c in cands.items()]
+        hits = self.table.lookup(keys, device=devices, toolchain_version=versions,
+                                 strictness=self.strictness)
+        for (fp, _key), row in hits.items():
+            self._memo[fp] = row.cost
+            self._cache_hits += 1
+            if not row.ok:
+                self._failed[row.status] = self._failed.get(row.status, 0) + 1
+        missing = {fp: c for fp, c in cands.items() if fp not in self._memo}
+        self.farm.progress.add(total=len(cands), hits=len(cands) - len(missing))
+        if not missing:
+            return
+        log.debug("farm estimator: %d distinct, %d from the table, %d to measure",
+                  len(cands), len(cands) - len(missing), len(missing))
+        for res in self.farm.measure(self._requests(missing)):
+            c = missing.get(res.fingerprint)
+            if c is None:  # not ours (cannot happen unless a runner mislabels a result)
+                log.warning("farm estimator: unexpected result for %s", res.fingerprint)
+                continue
+            self._record(c, res)
+        for fp in missing:  # requests the generator could not build (extraction failed)
+            self._memo.setdefault(fp, Cost.invalid())
+
+    def _requests(self, missing: Mapping[str, CandidatePartition]) -> Iterator[MeasureRequest]:
+        from collage_farm.farm import MeasureRequest
+
+        for fp, c in missing.items():
+            try:
+                onnx_bytes = c.sub_graph.extract(f"{self.model or 'model'}_{fp[:12]}"
+                                                 ).SerializeToString()
+                ranges = _ranges(self.tensor_ranges_for(c)) if self.tensor_ranges_for else ()
+            except Exception as e:  # a bug in extraction, not a property of the candidate
+                log.warning("farm estimator: cannot extract %s: %s: %s; answered invalid, "
+                            "not written", c.label(), type(e).__name__, e)
+                self._memo[fp] = Cost.invalid()
+                self._failed["extract_failed"] = self._failed.get("extract_failed", 0) + 1
+                continue
+            label = f"{self.model}:{c.label()}" if self.model else c.label()
+            yield MeasureRequest(BuildInput(fp, c.target, onnx_bytes, ranges, label), self.config)
+
+    def _record(self, c: CandidatePartition, res: MeasureResult) -> None:
+        from collage_farm.costtable import row_from_result
+        from collage_farm.farm import FARM_DETAIL
+
+        fp = c.fingerprint
+        farm_made = dict(res.details).get(FARM_DETAIL) == "no_runner"
+        if not farm_made:
+            self.writer.append(row_from_result(
+                res, campaign_id=self.campaign_id, model=self.model,
+                nodes=c.node_names, op_types=c.op_types))
+            self._measured += 1
+        if res.status is Status.OK:
+            self._memo[fp] = Cost(res.seconds)
+        else:
+            self._memo[fp] = Cost.invalid()
+            key = res.status.value if not farm_made else "no_runner"
+            self._failed[key] = self._failed.get(key, 0) + 1
