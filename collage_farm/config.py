@@ -355,13 +355,7 @@ TOOLCHAIN_OPTIONS: dict[str, dict[str, OptionSpec]] = {
 
 def effective_options(target: Target) -> dict[str, object]:
     """A target's options with every default filled in (what a runner passes on)."""
-    opts = dict(target.options)
-    for key, spec in TOOLCHAIN_OPTIONS.get(target.toolchain, {}).items():
-        if key not in opts:
-            d = spec.default_for(opts)
-            if d is not None:
-                opts[key] = d
-    return opts
+    return _full(target.toolchain, dict(target.options))
 
 
 def _toolchains() -> dict[str, str]:
