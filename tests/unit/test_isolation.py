@@ -1,0 +1,160 @@
+"""Isolation: a crash or a hang in toolchain code costs one result row, never the runner.
+
+Uses the ``null`` toolchain's fault injection (target options ``crash_on``, ``hang_on``,
+``fail_on``) in one module-scoped `LocalRunner` that must keep serving after every fault.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from onnx import TensorProto, helper
+
+from collage_farm.target import CPU0, Target
+from runners.base import BuildInput, MeasureConfig, MeasureInput, Status
+from runners.isolation import WorkerError, WorkerProcess, describe_exit
+from runners.local import LocalRunner
+
+SLACK_S = 3.0
+CFG = MeasureConfig(warmup_runs=0, rounds=2, min_round_runs=3, min_round_s=0.0, timeout_s=1.0)
+
+
+def relu_model() -> bytes:
+    node = helper.make_node("Relu", ["x"], ["y"])
+    g = helper.make_graph([node], "relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+MODEL = relu_model()
+FAULTY = Target.make("null-faulty", "null", CPU0, {
+    "crash_on": "dead", "hang_on": "hang", "fail_on": "fail",
+})
+
+
+def null_target(**options: object) -> Target:
+    return Target.make("null-t", "null", CPU0, options)
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[LocalRunner]:
+    core = min(os.sched_getaffinity(0))
+    r = LocalRunner(["null"], cores=[core], build_timeout_s=2.0)
+    yield r
+    r.close()
+
+
+def assert_serving(runner: LocalRunner) -> None:
+    b = runner.build(BuildInput("0123abcd", FAULTY, MODEL))
+    assert b.status is Status.OK, b.error
+    m = runner.measure(MeasureInput(b, CFG))
+    assert m.status is Status.OK, m.error
+    assert m.kind.value == "analytic" and dict(m.details).get("fake") is True
+
+
+def test_worker_environment_and_pinning(runner: LocalRunner) -> None:
+    info = runner.worker.info()
+    assert info["pid"] != os.getpid()
+    assert info["affinity"] == list(runner.cores)
+    assert info["env"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert info["env"]["OMP_NUM_THREADS"] == "1"
+    assert info["toolchains"]["null"]["available"] is None
+    assert runner.available() == {"null": None}
+
+
+def test_crash_in_build_gives_crashed_and_runner_keeps_serving(runner: LocalRunner) -> None:
+    pid = runner.worker.pid
+    b = runner.build(BuildInput("deadbeef", FAULTY, MODEL))
+    assert b.status is Status.CRASHED
+    assert "SIGABRT" in b.error
+    assert_serving(runner)
+    assert runner.worker.pid != pid
+
+
+def test_segfault_in_measure_names_the_signal(runner: LocalRunner) -> None:
+    t = null_target(crash_on="*", crash_mode="segv", fault_phase="measure")
+    b = runner.build(BuildInput("5e9f0000", t, MODEL))
+    assert b.status is Status.OK
+    m = runner.measure(MeasureInput(b, CFG))
+    assert m.status is Status.CRASHED and "SIGSEGV" in m.error
+    assert not m.samples and m.seconds == float("inf")
+    assert_serving(runner)
+
+
+def test_exit_139_is_reported_as_such(runner: LocalRunner) -> None:
+    t = null_target(crash_on="*", crash_mode="exit")
+    b = runner.build(BuildInput("e1170000", t, MODEL))
+    assert b.status is Status.CRASHED and "139" in b.error
+    assert_serving(runner)
+
+
+def test_hang_gives_timeout_within_deadline_and_runner_keeps_serving(runner: LocalRunner
+                                                                    ) -> None:
+    t0 = time.monotonic()
+    b = runner.build(BuildInput("hang0001", FAULTY, MODEL))
+    elapsed = time.monotonic() - t0
+    assert b.status is Status.TIMEOUT
+    assert "SIGKILL" in b.error
+    assert elapsed < runner.build_timeout_s + SLACK_S
+    t = null_target(hang_on="*", fault_phase="measure")
+    built = runner.build(BuildInput("hang0002", t, MODEL))
+    t0 = time.monotonic()
+    m = runner.measure(MeasureInput(built, CFG))
+    assert m.status is Status.TIMEOUT
+    assert time.monotonic() - t0 < CFG.timeout_s + SLACK_S
+    assert_serving(runner)
+    stats = runner.stats()
+    assert stats["timeouts"] >= 2 and stats["restarts"] >= 2
+
+
+def test_toolchain_errors_are_results(runner: LocalRunner) -> None:
+    b = runner.build(BuildInput("fail0001", FAULTY, MODEL))
+    assert b.status is Status.BUILD_FAILED and "injected" in b.error
+    t = null_target(fail_on="*", fault_phase="measure")
+    built = runner.build(BuildInput("fail0002", t, MODEL))
+    m = runner.measure(MeasureInput(built, CFG))
+    assert m.status is Status.RUNTIME_ERROR and "injected" in m.error
+    failed = runner.measure(MeasureInput(b, CFG))  # measuring a failed build: no worker call
+    assert failed.status is Status.BUILD_FAILED
+
+
+def test_invoke_and_worker_errors(runner: LocalRunner) -> None:
+    assert runner.invoke("null", "version").startswith("null ")
+    with pytest.raises(WorkerError) as e:
+        runner.invoke("null", "no_such_method")
+    assert e.value.status is Status.RUNTIME_ERROR
+    with pytest.raises(WorkerError):
+        runner.invoke("ort-cpu", "version")  # not served
+
+
+def test_worker_dead_while_idle_is_replaced_transparently() -> None:
+    w = WorkerProcess(["null"])
+    try:
+        w.wait_ready(60)
+        os.kill(w.pid, 9)
+        time.sleep(0.2)
+        assert w.ping().ok  # the request never reached the dead child: no failure row
+    finally:
+        w.close()
+
+
+def test_worker_that_cannot_start_fails_fast() -> None:
+    w = WorkerProcess(["null"], cores=[10_000])
+    try:
+        r = w.ping(timeout_s=5)
+        assert r.status is Status.CRASHED and "cannot pin" in r.error
+    finally:
+        w.close()
+
+
+def test_describe_exit() -> None:
+    assert "SIGSEGV" in describe_exit(-11)
+    assert "OOM" in describe_exit(-9)
+    assert "139" in describe_exit(139) and "SIGSEGV" in describe_exit(139)
+    assert describe_exit(0) == "exited with code 0"
