@@ -4,6 +4,7 @@ Following the RFC, a small algebra of *base* rules that read the dataflow graph 
 rules that transform the candidates of sub-rules gives every toolchain style its candidates:
 
 * base: `OpPredicatePartitionRule` (one candidate per node a toolchain supports),
+  `SegmentPartitionRule` (runs of the topological order between thin cuts, whole model too),
   `OpCallByKindPartitionRule` (nodes of fusable kinds), `PatternPartitionRule` (DAG patterns such
   as Conv->Add->Relu), `HostPartitionRule` (cheap shape arithmetic left to the host);
 * combinators: `UnionPartitionRule`, `CombinePartitionRule` (grow candidates by joining
@@ -201,6 +202,63 @@ class HostPartitionRule(PartitionRule):
         return out
 
 
+@dataclass(frozen=True)
+class SegmentPartitionRule(PartitionRule):
+    """Runs of consecutive post-DFS nodes between *cut points*, for graph compilers.
+
+    A contiguous interval of a topological order is always convex (a path between two of its
+    nodes only visits indices in between). A cut point is a position where at most
+    ``max_live`` node outputs are still needed later, so a segment between two cut points has
+    a thin boundary. Offering every segment between cut points (the whole model included)
+    lets the search compare one-toolchain-for-everything against mixes of large pieces, not
+    just small fused regions whose launch and hand-off penalties add up.
+    """
+
+    predicate: NodePredicate = _all_nodes
+    max_live: int = 1
+    max_cuts: int = 64
+    name: str = "segment"
+
+    def cut_points(self, graph: DataflowGraph) -> list[int]:
+        n = len(graph.nodes)
+        delta = [0] * (n + 1)
+        for nd in graph.nodes:
+            last = max(nd.succs, default=nd.index)
+            if nd.is_external:
+                last = n
+            if last > nd.index:
+                delta[nd.index] += 1
+                delta[last] -= 1  # live on (index, last): counted at positions index..last-1
+        cuts, live = [], 0
+        for k in range(n - 1):
+            live += delta[k]
+            if live <= self.max_live:
+                cuts.append(k)
+        if len(cuts) > self.max_cuts:  # keep them evenly spread
+            step = len(cuts) / self.max_cuts
+            cuts = [cuts[int(i * step)] for i in range(self.max_cuts)]
+        return [-1, *cuts, n - 1]
+
+    def candidates(self, graph: DataflowGraph, spec: PartitionSpec) -> list[CandidatePartition]:
+        n = len(graph.nodes)
+        bad = [0] * (n + 1)  # prefix counts of unsupported nodes
+        for nd in graph.nodes:
+            bad[nd.index + 1] = bad[nd.index] + (0 if self.predicate(nd, graph) else 1)
+        cuts = self.cut_points(graph)
+        out = []
+        for a in range(len(cuts) - 1):
+            lo = cuts[a] + 1
+            for b in range(a + 1, len(cuts)):
+                hi = cuts[b]
+                if bad[hi + 1] - bad[lo]:
+                    break  # every longer segment from lo contains the unsupported node
+                if hi - lo < 1:
+                    continue  # singletons come from the other rules
+                mask = ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
+                out.append(CandidatePartition(SubGraph(graph, mask), spec.target, self.name))
+        return out
+
+
 # ------------------------------------------------------------------------------------------
 # combinators
 
@@ -388,6 +446,8 @@ class RuleOptions:
     max_exits: int | None = 2
     allow_taps: bool = False
     max_candidates: int = 20000
+    segments: bool = True  # graph compilers also get segments between cut points
+    max_cuts: int = 64
     patterns: dict[str, Pattern] = field(default_factory=lambda: dict(LIBRARY_PATTERNS))
 
 
@@ -407,8 +467,12 @@ def default_rule(style: str, predicate: NodePredicate, options: RuleOptions = Ru
         return PrimitivePartitionRule(OnlyValidPartitionRule(CombinePartitionRule(
             singles, TVM_COMBINERS, cfg, max_candidates=options.max_candidates), cfg))
     if style == "graph":
-        return PrimitivePartitionRule(OnlyValidPartitionRule(CombinePartitionRule(
-            singles, (AllCombinerRule(),), cfg, max_candidates=options.max_candidates), cfg))
+        regions = OnlyValidPartitionRule(CombinePartitionRule(
+            singles, (AllCombinerRule(),), cfg, max_candidates=options.max_candidates), cfg)
+        if not options.segments:
+            return PrimitivePartitionRule(regions)
+        return PrimitivePartitionRule(UnionPartitionRule(
+            (regions, SegmentPartitionRule(predicate, max_cuts=options.max_cuts))))
     raise ValueError(f"unknown toolchain style {style!r} (graph, library, fuseops)")
 
 

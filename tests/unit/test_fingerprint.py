@@ -12,7 +12,8 @@ SMALL = {"width": 32, "heads": 2, "vocab": 50, "seq_len": 8}
 
 def _fps(layers: int, **kw):
     g = load_graph(zoo.build("gpt2", layers=layers, **{**SMALL, **kw}))
-    specs = [default_spec(T["ort-cpu"], lambda n, gr: True, "graph", RuleOptions(max_depth=3))]
+    specs = [default_spec(T["ort-cpu"], lambda n, gr: True, "graph",
+                          RuleOptions(max_depth=3, segments=False))]
     cands = all_candidates(g, specs)
     return g, cands, {c.fingerprint for c in cands}
 
