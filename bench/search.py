@@ -18,6 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+# run as a script, bench/ is sys.path[0] and bench/runners.py would shadow the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from collage_farm import zoo
 from collage_farm.campaign import build_specs
 from collage_farm.graph import load_graph
