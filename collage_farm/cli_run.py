@@ -1,0 +1,188 @@
+"""``collage-farm run`` and ``collage-farm compare``: execute plans, compare toolchains.
+
+Why these commands: a plan's estimated total is a sum of isolated costs, and the field notes
+show mixes that were promised 9% faster losing to the best single toolchain once run end to end.
+``run`` checks a plan's numerics against the whole model (exit 1 on mismatch: a wrong plan must
+never look like a fast one), then times it interleaved with every single toolchain it uses and
+prints the additive error and the apparent loss. ``compare`` puts whole-model latencies per
+toolchain side by side from one interleaved run (plus ORT's own multi-EP assignment where it
+applies, and optionally a plan), as a table, JSON and a PNG bar chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from runners.base import MeasureConfig
+
+EXIT_MISMATCH = 1
+
+
+def _measure_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rounds", type=int, default=5, help="measurement rounds (default 5)")
+    p.add_argument("--min-round-s", type=float, default=0.05,
+                   help="minimum timed seconds per round (default 0.05)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a plan end to end: check numerics, measure latency")
+    p.add_argument("plan_dir", help="plan directory (with plan.json)")
+    p.add_argument("--model", help="the original model (default: plan.json's source)")
+    p.add_argument("--shape", action="append", default=[], metavar="INPUT=DxDx...",
+                   help="input shape for the feeds, e.g. --shape input=1x3x224x224")
+    p.add_argument("--no-singles", action="store_true",
+                   help="do not measure the whole model on each single toolchain")
+    p.add_argument("--report", action="store_true", help="write report.html into the plan dir")
+    _measure_args(p)
+
+    c = sub.add_parser("compare", help="whole-model latency per toolchain, interleaved")
+    c.add_argument("model", help="an ONNX file or zoo:NAME")
+    c.add_argument("--targets", default="ort-cpu,openvino-cpu", help="comma-separated targets")
+    c.add_argument("--plan", help="also run this plan directory in the same interleaved run")
+    c.add_argument("--plot", help="write a PNG bar chart here")
+    c.add_argument("--shape", action="append", default=[], metavar="INPUT=DxDx...")
+    _measure_args(c)
+
+
+def _config(args: argparse.Namespace) -> MeasureConfig:
+    return MeasureConfig(rounds=max(1, args.rounds), min_round_s=args.min_round_s,
+                         threads=args.threads)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.4f} ms"
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from collage_farm.executor import ExecutionMismatch, PlanExecutor, compare_interleaved
+    from collage_farm.graph import parse_shape
+
+    shapes = dict(parse_shape(s) for s in args.shape)
+    ex = PlanExecutor(args.plan_dir, threads=args.threads, model=args.model, shapes=shapes)
+    feeds = ex.random_feeds()
+    try:
+        errors = ex.check(feeds)
+    except ExecutionMismatch as e:
+        print(f"collage-farm run: NUMERICS MISMATCH: {e}", file=sys.stderr)
+        return EXIT_MISMATCH
+    singles = [] if args.no_singles else sorted({rt.toolchain for rt in ex.partitions})
+    cmp = compare_interleaved(None if args.no_singles else ex.reference(), singles,
+                              _config(args), plan=ex, threads=args.threads, multi_ep=False)
+    assert cmp.plan is not None
+    out: dict[str, Any] = {
+        "plan": str(Path(args.plan_dir)),
+        "model": ex.plan.model,
+        "estimator": ex.plan.estimator,
+        "check": {"ok": True, "max_abs_error": errors,
+                  "tolerance": "int8 (rtol=0.1, atol=0.1*max|ref|)" if ex.quantised
+                  else "fp32 (rtol=1e-3, atol=1e-4)"},
+        "plan_measured_s": cmp.plan.total_s,
+        "measured_part_s": cmp.plan.summary.median,
+        "simulated_part_s": cmp.plan.simulated_s,
+        "measured_partitions": list(cmp.plan.measured_partitions),
+        "simulated_partitions": list(cmp.plan.simulated_partitions),
+        "estimated_total_s": ex.plan.estimated_total_s,
+        "additive_error": cmp.additive_error,
+        "singles_s": cmp.singles,
+        "single_errors": cmp.single_errors,
+        "best_single": cmp.best_single[0] if cmp.best_single else None,
+        "apparent_loss": cmp.apparent_loss,
+        "partitions": [
+            {"id": rt.id, "target": rt.target, "toolchain": rt.toolchain,
+             "estimated_s": rt.estimated_s, "kind": rt.kind, "numerics": rt.numerics}
+            for rt in ex.partitions
+        ],
+        "cv": cmp.plan.summary.cv,
+    }
+    if args.report:
+        from collage_farm.report import write_report
+
+        out["report"] = str(write_report(args.plan_dir, dict(ex.plan.extra), out))
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    print(f"plan {out['plan']} ({out['model']}): {len(ex.partitions)} partitions; numerics OK "
+          f"({out['check']['tolerance']})")
+    for p in out["partitions"]:
+        print(f"  {p['id']}  {p['target']:16s} est {_ms(p['estimated_s']):>14s}  {p['kind']}")
+    print(f"measured end to end {_ms(out['plan_measured_s'])} (measured part "
+          f"{_ms(out['measured_part_s'])}, simulated part {_ms(out['simulated_part_s'])}); "
+          f"estimated {_ms(out['estimated_total_s'])} [{ex.plan.estimator}]")
+    if out["additive_error"] is not None:
+        print(f"additive error {out['additive_error']:+.1%}")
+    for k, v in cmp.singles.items():
+        print(f"  whole model on {k:10s} {_ms(v)}")
+    if cmp.apparent_loss is not None:
+        print(f"apparent loss vs best single ({out['best_single']}): {cmp.apparent_loss:+.1%}")
+    if "report" in out:
+        print(f"report: {out['report']}")
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from collage_farm.campaign import load_source
+    from collage_farm.executor import PlanExecutor, compare_interleaved
+    from collage_farm.graph import parse_shape
+    from collage_farm.target import parse_targets
+
+    shapes = dict(parse_shape(s) for s in args.shape)
+    graph = load_source(args.model, shapes)
+    toolchains = [t.toolchain for t in parse_targets(args.targets)]
+    plan = PlanExecutor(args.plan, threads=args.threads, model=graph.model) if args.plan else None
+    cmp = compare_interleaved(graph.model, toolchains, _config(args), plan=plan,
+                              threads=args.threads)
+    out = {"model": graph.name, "toolchains": toolchains, **cmp.to_json()}
+    rows = [(k, v) for k, v in cmp.singles.items()]
+    if "measured_s" in cmp.ort_multi_ep:
+        rows.append(("ort-multi-ep", cmp.ort_multi_ep["measured_s"]))
+    if cmp.plan is not None:
+        rows.append(("plan", cmp.plan.total_s))
+    if args.plot:
+        out["plot"] = str(plot_bars(rows, Path(args.plot), f"{graph.name}: whole-model latency"))
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    best = min((v for _, v in rows), default=None)
+    print(f"{graph.name}: one interleaved run, {args.rounds} rounds, {args.threads} thread(s)")
+    for k, v in rows:
+        rel = f"{v / best:6.2f}x" if best else ""
+        print(f"  {k:14s} {_ms(v):>14s}  {rel}")
+    for k, e in cmp.single_errors.items():
+        print(f"  {k:14s} failed: {e}")
+    print(f"  ORT multi-EP: {cmp.ort_multi_ep.get('note', '')}")
+    if cmp.additive_error is not None:
+        print(f"plan additive error {cmp.additive_error:+.1%}, apparent loss "
+              f"{cmp.apparent_loss:+.1%}")
+    if args.plot:
+        print(f"plot: {out['plot']}")
+    return 0
+
+
+def plot_bars(rows: list[tuple[str, float]], path: Path, title: str) -> Path:
+    """A horizontal bar chart of latencies (ms), Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.5 * max(2, len(rows)) + 1))
+    names = [r[0] for r in rows]
+    vals = [r[1] * 1e3 for r in rows]
+    colors = ["#d62728" if n == "plan" else "#1f77b4" for n in names]
+    ax.barh(names, vals, color=colors)
+    for i, v in enumerate(vals):
+        ax.text(v, i, f" {v:.3f}", va="center", fontsize=8)
+    ax.set_xlabel("median latency (ms)")
+    ax.set_title(title)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
