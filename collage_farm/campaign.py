@@ -117,9 +117,8 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
         return TableEstimator(opts.cost_table, allow_analytic=opts.allow_analytic,
                               strictness=opts.strictness)
     if opts.estimator == "farm":
-        from estimators.measured import FarmEstimator
-
         from collage_farm.farm import Farm
+        from estimators.measured import FarmEstimator
 
         table = opts.cost_table or (opts.out / "costs")
         farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
