@@ -374,6 +374,7 @@ class Progress:
         self._t_first: float | None = None
         self._last = 0.0
         self._drawn = False
+        self._logged = ""
 
     def add(self, total: int = 0, hits: int = 0) -> None:
         self.total += total
@@ -421,8 +422,10 @@ class Progress:
             self._drawn = True
         elif force or now - self._last >= self.log_every_s:
             self._last = now
-            if self.total or self.done:
-                log.info(self.line())
+            line = self.line()
+            if (self.total or self.done) and line != self._logged:
+                self._logged = line
+                log.info(line)
 
     def close(self) -> None:
         if self.bar and self._drawn:
@@ -430,8 +433,8 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
             self._drawn = False
-        elif not self.bar and (self.total or self.done):
-            log.info(self.line())
+        elif not self.bar:
+            self.render(force=True)
 
 
 # ------------------------------------------------------------------------------------------
@@ -550,6 +553,63 @@ def plan_runners(nodes: Sequence[Mapping[str, Any]], kinds_by_toolchain: Mapping
 
 
 # ------------------------------------------------------------------------------------------
+# connecting
+
+
+_EMBEDDED: LocalResources | None = None  # what `connect` started here, if it started Ray
+
+
+def connect(
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    ethosu_slots: int | None = None,
+    toolchains: Iterable[str] | None = None,
+    namespace: str | None = None,
+    runtime_env: Mapping[str, Any] | None = None,
+) -> bool:
+    """Connect this process to Ray; True when this call started an embedded local Ray.
+
+    Already initialised: used as is. ``address`` (or ``RAY_ADDRESS``): join that cluster
+    (``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``). Otherwise start a local Ray whose
+    resources are this machine's measurement slots (`local_resources`), always a new instance
+    (``address="local"``), never a stray cluster named by ``/tmp/ray/ray_current_cluster``.
+    Token authentication is Ray's default and is left alone.
+    """
+    global _EMBEDDED
+    if ray.is_initialized():
+        log.info("farm: using the Ray runtime already initialised in this process")
+        return False
+    env = dict(runtime_env) if runtime_env else None
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        ray.init(address=address, namespace=namespace, runtime_env=env,
+                 logging_level=logging.WARNING)
+        started = False
+    else:
+        kinds = toolchain_kinds(toolchains).values()
+        local = local_resources(num_cpus, num_gpus, ethosu_slots, kinds)
+        ray.init(address="local", num_cpus=local.num_cpus, num_gpus=local.num_gpus,
+                 resources=local.resources, include_dashboard=False, namespace=namespace,
+                 runtime_env=env, logging_level=logging.WARNING)
+        _EMBEDDED = local
+        started = True
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled" and "pytest" not in sys.modules:
+        log.warning("farm: Ray token authentication is disabled (RAY_AUTH_MODE=disabled); "
+                    "anyone who can reach the cluster can run code on it")
+    return started
+
+
+def shutdown() -> None:
+    """Disconnect from Ray (and stop the embedded Ray `connect` started)."""
+    global _EMBEDDED
+    if ray.is_initialized():
+        ray.shutdown()
+    _EMBEDDED = None
+
+
+# ------------------------------------------------------------------------------------------
 # the farm
 
 
@@ -658,29 +718,10 @@ class Farm:
         serve (default: every registered toolchain). ``max_runners`` caps runners (benchmarks).
         """
         kinds = toolchain_kinds(toolchains)
-        address = address or os.environ.get("RAY_ADDRESS") or None
-        owns = False
+        owns = connect(address, num_cpus=num_cpus, num_gpus=num_gpus, ethosu_slots=ethosu_slots,
+                       toolchains=list(kinds), namespace=namespace, runtime_env=runtime_env)
         gpu_cores: dict[str, tuple[int, ...]] = {}
-        local: LocalResources | None = None
-        if ray.is_initialized():
-            log.info("farm: using the Ray runtime already initialised in this process")
-        elif address:
-            ray.init(address=address, namespace=namespace,
-                     runtime_env=dict(runtime_env) if runtime_env else None,
-                     logging_level=logging.WARNING)
-        else:
-            local = local_resources(num_cpus, num_gpus, ethosu_slots, kinds.values())
-            # address="local": always a new instance, never a stray local cluster that
-            # /tmp/ray/ray_current_cluster happens to name
-            ray.init(address="local", num_cpus=local.num_cpus, num_gpus=local.num_gpus,
-                     resources=local.resources, include_dashboard=False, namespace=namespace,
-                     runtime_env=dict(runtime_env) if runtime_env else None,
-                     logging_level=logging.WARNING)
-            owns = True
-        auth = os.environ.get("RAY_AUTH_MODE", "").lower()
-        if auth == "disabled" and "pytest" not in sys.modules:
-            log.warning("farm: Ray token authentication is disabled (RAY_AUTH_MODE=disabled); "
-                        "anyone who can reach the cluster can run code on it")
+        local = _EMBEDDED
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if local is not None:
             here = ray.get_runtime_context().get_node_id()
@@ -1128,7 +1169,7 @@ class Farm:
                     ray.kill(r.actor, no_restart=True)
                 r.state = "dead"
             if self.owns_ray:
-                ray.shutdown()
+                shutdown()
 
     def __enter__(self) -> Farm:
         return self
