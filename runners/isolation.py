@@ -15,7 +15,10 @@ never the farm. So every build and measure runs in a long-lived child process:
   `Status.CRASHED` with the signal or exit code in the error text. Either way a fresh child is
   started at once (in the background), so the next request finds a warm worker;
 * the child keeps its toolchain objects between requests, so a build followed by a measure of
-  the same candidate compiles once (the toolchains cache their last compiled handle).
+  the same candidate compiles once (the toolchains cache their last compiled handle);
+* the parent's ``__main__`` is hidden while a child starts, so spawn does not re-run a script's
+  (or Ray's ``default_worker.py``'s) top-level imports in every child before its environment
+  is set.
 
 One request at a time per worker (a lock serialises callers): a worker owns a device or a core,
 and two timings on one core would disturb each other anyway.
@@ -27,11 +30,13 @@ import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
@@ -139,11 +144,11 @@ def _child_main(conn: Any, toolchains: tuple[str, ...], cores: tuple[int, ...] |
             msg = conn.recv()
         except (EOFError, OSError, KeyboardInterrupt):
             return  # parent went away
-        seq, op, payload = msg
+        seq, op, blob = msg
         if op == "stop":
             return
-        try:
-            reply = (seq, "ok", _handle(op, payload, toolchains, status))
+        try:  # the payload is unpickled here so that a bad one is answered, not fatal
+            reply = (seq, "ok", _handle(op, pickle.loads(blob), toolchains, status))
         except BaseException:
             reply = (seq, "error", traceback.format_exc(limit=30))
         try:
@@ -235,6 +240,40 @@ def _not_served(name: str, served: tuple[str, ...], status: Mapping[str, str | N
 # ----------------------------------------------------------------------------------------
 # parent side
 
+_spawn_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Keep spawn from re-running the parent's ``__main__`` in the child.
+
+    multiprocessing's spawn re-imports the parent's main script (or ``-m`` module) in every
+    child before calling the target: for a Ray worker that is Ray's ``default_worker.py``
+    (``import ray``: ~1 s per worker start), for a script its top-level imports, all of them
+    before the child has set its thread environment. The target lives in this importable
+    module, so the child does not need ``__main__``: hide its file and spec while starting.
+    """
+    main = sys.modules.get("__main__")
+    with _spawn_lock:
+        if main is None:
+            yield
+            return
+        missing = object()
+        saved_file = main.__dict__.get("__file__", missing)
+        saved_spec = main.__dict__.get("__spec__", missing)
+        try:
+            if saved_file is not missing:
+                del main.__dict__["__file__"]
+            main.__dict__["__spec__"] = None
+            yield
+        finally:
+            if saved_file is not missing:
+                main.__dict__["__file__"] = saved_file
+            if saved_spec is missing:
+                main.__dict__.pop("__spec__", None)
+            else:
+                main.__dict__["__spec__"] = saved_spec
+
 
 class WorkerProcess:
     """A long-lived child process serving `build` / `measure` requests for some toolchains.
@@ -286,7 +325,8 @@ class WorkerProcess:
                 name=self.name,
                 daemon=True,
             )
-            proc.start()
+            with _main_hidden():
+                proc.start()
             child.close()
             self._proc, self._conn, self._ready = proc, parent, None
 
@@ -318,7 +358,7 @@ class WorkerProcess:
                 return
             try:
                 if proc.is_alive():
-                    conn.send((0, "stop", None))
+                    conn.send((0, "stop", b""))
                     proc.join(timeout=timeout_s)
             except (OSError, EOFError, ValueError):
                 pass
@@ -407,7 +447,12 @@ class WorkerProcess:
                 self._seq += 1
                 seq = self._seq
                 try:
-                    self._conn.send((seq, op, payload))
+                    blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as e:
+                    return Reply(Status.RUNTIME_ERROR,
+                                 error=f"request cannot be pickled: {type(e).__name__}: {e}")
+                try:
+                    self._conn.send((seq, op, blob))
                 except (BrokenPipeError, EOFError, OSError) as e:
                     if attempt == 0:  # died while idle: the request never reached it
                         self.restart()
