@@ -81,7 +81,8 @@ def test_measure_batch_null_and_ort(make_farm: Any) -> None:
     assert sorted(r.fingerprint for r in results) == sorted(q.fingerprint for q in reqs)
     assert all(r.status is Status.OK for r in results), [r.error for r in results if not r.ok]
     by_tc = Counter(r.target.toolchain for r in results)
-    assert by_tc == {"null": 11, "ort-cpu": 11}
+    assert by_tc == Counter(q.build.target.toolchain for q in reqs)
+    assert by_tc["null"] == 11 and by_tc["ort-cpu"] >= 11  # one per node, plus ORT's segments
     for r in results:
         d = dict(r.details)
         assert d["runner"].startswith("cpu-") and r.device is not None
@@ -93,7 +94,7 @@ def test_measure_batch_null_and_ort(make_farm: Any) -> None:
     assert by_op["Conv"] > by_op["Relu"]
     assert len({dict(r.details)["runner"] for r in results}) == 2  # both runners worked
     st = farm.stats()
-    assert st.results == 22 and st.retried == 0 and st.runner_failures == 0
+    assert st.results == len(reqs) and st.retried == 0 and st.runner_failures == 0
 
 
 def test_dedupe_and_table_first(make_farm: Any, tmp_path: Path) -> None:
