@@ -14,6 +14,12 @@ never the farm. So every build and measure runs in a long-lived child process:
   SIGKILLed and yields `Status.TIMEOUT`; a child that dies (signal, exit code, OOM kill) yields
   `Status.CRASHED` with the signal or exit code in the error text. Either way a fresh child is
   started at once (in the background), so the next request finds a warm worker;
+* a child whose resident memory passes ``max_rss_mb`` while serving a request is SIGKILLed by
+  the parent and yields `Status.CRASHED` ("exceeded the memory limit"): a candidate that leaks
+  or explodes in memory costs its row instead of inviting the kernel's OOM killer, which picks
+  its victim by size and might take the raylet or the coordinator. The parent polls the
+  child's RSS (``/proc/<pid>/statm``) every `RSS_POLL_S` while it waits; the default limit
+  is half the machine's memory, or ``COLLAGE_WORKER_MAX_RSS_MB`` (0 disables);
 * the child keeps its toolchain objects between requests, so a build followed by a measure of
   the same candidate compiles once (the toolchains cache their last compiled handle);
 * the parent's ``__main__`` is hidden while a child starts, so spawn does not re-run a script's
@@ -49,7 +55,11 @@ from runners.base import (
     Status,
 )
 
-__all__ = ["Reply", "WorkerError", "WorkerProcess", "describe_exit", "thread_env"]
+__all__ = ["Reply", "WorkerError", "WorkerProcess", "default_max_rss_mb", "describe_exit",
+           "thread_env"]
+
+MAX_RSS_ENV = "COLLAGE_WORKER_MAX_RSS_MB"
+RSS_POLL_S = 0.1  # how often the parent samples a busy child's resident memory
 
 THREAD_ENV_VARS = (
     "OMP_NUM_THREADS",
@@ -88,6 +98,32 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             pass
     return f"exited with code {exitcode}"
+
+
+def default_max_rss_mb() -> float | None:
+    """The RSS cap for a worker: ``$COLLAGE_WORKER_MAX_RSS_MB`` (0: none), else half of RAM."""
+    raw = os.environ.get(MAX_RSS_ENV, "").strip()
+    if raw:
+        try:
+            v = float(raw)
+        except ValueError:
+            raise ValueError(f"{MAX_RSS_ENV}={raw!r} is not a number of MiB") from None
+        return v if v > 0 else None
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return None
+    return total / 2 / 2**20
+
+
+def _rss_mb(pid: int) -> float | None:
+    """Resident memory of ``pid`` in MiB, or None when it cannot be read (process gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 class WorkerError(RuntimeError):
@@ -293,8 +329,12 @@ class WorkerProcess:
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = 120.0,
         name: str = "collage-worker",
+        max_rss_mb: float | str | None = "default",
     ) -> None:
         self.toolchain_names = tuple(toolchains)
+        # "default": $COLLAGE_WORKER_MAX_RSS_MB or half of RAM; None or <= 0: no cap
+        limit = default_max_rss_mb() if max_rss_mb == "default" else max_rss_mb
+        self.max_rss_mb = float(limit) if limit is not None and float(limit) > 0 else None
         self.cores = tuple(int(c) for c in cores) if cores else None
         self.threads = int(threads or (len(self.cores) if self.cores else 1))
         self.env = {**thread_env(self.threads, cpu_only=cpu_only), **(env or {})}
@@ -309,6 +349,7 @@ class WorkerProcess:
         self.restarts = 0
         self.crashes = 0
         self.timeouts = 0
+        self.memory_kills = 0
         self.requests = 0
 
     # --- life cycle ----------------------------------------------------------------------
@@ -477,7 +518,13 @@ class WorkerProcess:
                           f"and restarted",
                     elapsed_s=time.monotonic() - t0,
                 )
-            ready = wait([conn, proc.sentinel], timeout=remaining)
+            poll = remaining if self.max_rss_mb is None else min(remaining, RSS_POLL_S)
+            ready = wait([conn, proc.sentinel], timeout=poll)
+            if not ready and self.max_rss_mb is not None:
+                rss = _rss_mb(proc.pid)
+                if rss is not None and rss > self.max_rss_mb:
+                    return self._over_memory(proc, rss, t0)
+                continue
             if conn in ready:
                 try:
                     msg = conn.recv()
@@ -501,6 +548,17 @@ class WorkerProcess:
         self.crashes += 1
         self.restart()
         return Reply(Status.CRASHED, error=f"worker {pid} {describe_exit(code)}; restarted",
+                     elapsed_s=time.monotonic() - t0)
+
+    def _over_memory(self, proc: Any, rss_mb: float, t0: float) -> Reply:
+        pid = proc.pid
+        self.crashes += 1
+        self.memory_kills += 1
+        self.restart()
+        return Reply(Status.CRASHED,
+                     error=f"worker {pid} exceeded the memory limit ({rss_mb:.0f} MiB resident > "
+                           f"{self.max_rss_mb:.0f} MiB, {MAX_RSS_ENV}); killed (SIGKILL) and "
+                           f"restarted",
                      elapsed_s=time.monotonic() - t0)
 
     # --- typed wrappers ------------------------------------------------------------------

@@ -14,6 +14,10 @@ matches everything):
 * ``crash_on``: the worker process dies (``crash_mode``: ``"abort"`` SIGABRT, the default,
   ``"segv"`` SIGSEGV like Vela on bad input, ``"exit"`` exit code 139);
 * ``hang_on``: sleeps forever (the runner's timeout must kill it);
+* ``leak_on``: allocates and touches memory, 32 MiB every 10 ms, like a toolchain leaking on
+  one odd candidate (the worker's RSS cap must kill it). It stops growing at ``leak_max_mb``
+  (default 4096) and then hangs, so a run without a cap ends in a timeout, not in the machine's
+  OOM killer;
 * ``fail_on``: build returns BUILD_FAILED, measure returns RUNTIME_ERROR;
 * ``fault_phase``: ``"build"``, ``"measure"`` or ``"both"`` (default) says where faults fire;
 * ``sleep_s``: every measure sleeps this long (simulates real measurement time in load tests);
@@ -103,6 +107,18 @@ def _matches(pattern: object, *texts: str) -> bool:
     return p == "*" or any(p in t for t in texts if t)
 
 
+_LEAKED: list[bytearray] = []  # what `leak_on` holds on to, as a real leak would
+
+
+def _leak(max_mb: float, chunk_mb: int = 32) -> None:
+    """Grow resident memory until killed; never returns."""
+    while len(_LEAKED) * chunk_mb < max_mb:
+        _LEAKED.append(bytearray(b"\x01") * (chunk_mb << 20))  # written: resident, not lazy
+        time.sleep(0.01)
+    while True:
+        time.sleep(3600)
+
+
 class NullToolchain(Toolchain):
     """Fake, deterministic, analytic costs; every op supported; faults on request."""
 
@@ -137,6 +153,8 @@ class NullToolchain(Toolchain):
         if _matches(target.option("hang_on"), *texts):
             while True:
                 time.sleep(3600)
+        if _matches(target.option("leak_on"), *texts):
+            _leak(float(target.option("leak_max_mb", 4096.0)))  # type: ignore[arg-type]
         if _matches(target.option("fail_on"), *texts):
             return f"injected failure ({phase}) for {texts[0]}"
         return None
