@@ -1,0 +1,350 @@
+"""LiteRT with XNNPACK on the CPU ("litert", target ``litert-cpu``): a third CPU toolchain.
+
+Why a third one: with only ONNX Runtime and OpenVINO, the field notes found no mix that beat the
+best single toolchain end to end; a toolchain with different kernels (XNNPACK's packed-weight
+convolutions and depthwise kernels, NHWC throughout) gives the Collage search more to win per
+operator. LiteRT runs TFLite, not ONNX, so candidates go through the in-repo ONNX -> TFLite
+writer (`runners.tflite_convert`) in its **fp32** mode (no quantisation, no calibration ranges),
+the same writer the Ethos-U runner uses in int8 mode.
+
+Capabilities: exactly the nodes the converter maps (`tflite_convert.convertible`). The check is
+the same for both modes (int8 additionally needs calibrated ranges, which fp32 does not), it is
+a pure function of the node and its graph, and it imports nothing heavy, so the coordinator can
+call it on a laptop with no LiteRT installed. `convert` runs the same check and raises
+`UnsupportedOp` with the same reason, which becomes an ``unsupported`` row.
+
+Build: convert (fp32), then an ``ai_edge_litert.interpreter.Interpreter`` from the flatbuffer
+with ``num_threads`` = the target's ``threads`` option (1 by default; the measurement uses
+``MeasureConfig.threads``) and the default op resolver (``OpResolverType.AUTO`` = BUILTIN), which
+applies LiteRT's default XNNPACK delegate at ``allocate_tensors()``; the delegate takes the
+interpreter's thread count. Ops XNNPACK does not take (e.g. PADV2) stay on the builtin kernels;
+build details record how many delegate partitions there are and which ops were left out
+(``xnnpack_partitions``, ``undelegated_ops``). The artifact is the TFLite flatbuffer
+(self-describing: tensor names are the ONNX names), so a measure on another node rebuilds the
+interpreter from it.
+
+Layout: every rank-4 tensor of the TFLite model, its graph inputs and outputs included, is NHWC
+(see `runners.tflite_convert`); `IOSpec.to_tflite` / `IOSpec.from_tflite` transpose at the
+boundary. **Measure** binds the (transposed) inputs once with ``set_tensor`` and times only
+``invoke()``, with the loop and `MeasureConfig` every CPU toolchain uses, so the cost is
+comparable with ONNX Runtime's ``run_with_iobinding`` and OpenVINO's ``infer()``. The boundary
+transposes are *not* in that cost, but a plan pays them: `run_outputs` (what the partitioned
+executor calls, `collage_farm.executor._generic_runtime`, once per partition per run, inside the
+timed end-to-end region) transposes NCHW inputs to NHWC, copies them in, invokes, copies the
+outputs out and transposes them back. Their cost is measured once per candidate and stored in
+the row's details as ``layout_boundary_s``, so the gap between an isolated cost and the plan's
+measured time can be explained (and used as a hand-off penalty).
+
+Feeds are seeded from the fingerprint exactly as `collage_farm.graph.random_inputs` seeds them
+for the ONNX model (float32 standard normal per input, in graph-input order), so LiteRT sees the
+same data as ONNX Runtime and OpenVINO for the same candidate.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from runners.base import (
+    BuildInput,
+    BuildResult,
+    Capabilities,
+    Kind,
+    MeasureConfig,
+    MeasureInput,
+    MeasureResult,
+    Status,
+    Toolchain,
+)
+from runners.cpu import artifact_digest, classify_build_error, error_text, option_int, seed_of
+from runners.measure import summarize, time_callable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from collage_farm.graph import DataflowGraph, Node
+    from collage_farm.target import Target
+    from runners.tflite_convert import IOSpec
+
+__all__ = ["LiteRTCapabilities", "LiteRTToolchain"]
+
+#: handles kept per worker: enough for every LiteRT partition of a plan, bounded in bytes so a
+#: measuring worker does not hold many whole-model interpreters (XNNPACK packs a weight copy)
+MAX_HANDLES = 64
+MAX_HANDLE_BYTES = 256 * 1024 * 1024
+#: repetitions when timing the layout boundary (outside the measured cost)
+BOUNDARY_REPS = 20
+
+
+class LiteRTCapabilities(Capabilities):
+    """Nodes the ONNX -> TFLite writer maps (its fp32 mode takes what its int8 mode takes)."""
+
+    style = "graph"
+
+    def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
+        from runners.tflite_convert import convertible  # numpy only; no LiteRT, no Vela
+
+        why = convertible(node, graph)
+        return None if why is None else f"litert: {why}"
+
+
+@dataclass
+class _Handle:
+    """A ready interpreter and how to cross its boundary."""
+
+    interp: Any
+    inputs: tuple[IOSpec, ...]
+    outputs: tuple[IOSpec, ...]
+    nbytes: int
+    xnnpack_partitions: int
+    undelegated_ops: tuple[str, ...]
+
+    def details(self) -> tuple[tuple[str, object], ...]:
+        return (("xnnpack_partitions", self.xnnpack_partitions),
+                ("undelegated_ops", list(self.undelegated_ops)))
+
+
+def _io_specs(details: list[dict[str, Any]]) -> tuple[IOSpec, ...]:
+    """IOSpecs from the interpreter's tensor details (rank 4: NHWC in TFLite, NCHW in ONNX)."""
+    from runners.tflite_convert import IOSpec
+
+    out = []
+    for d in details:
+        tfl = tuple(int(x) for x in d["shape"])
+        onnx_shape = (tfl[0], tfl[3], tfl[1], tfl[2]) if len(tfl) == 4 else tfl
+        dtype = "int8" if d["dtype"].__name__ == "int8" else "float32"
+        scale, zp = d.get("quantization", (0.0, 0))
+        out.append(IOSpec(name=str(d["name"]), index=int(d["index"]), onnx_shape=onnx_shape,
+                          tflite_shape=tfl, dtype=dtype, scale=float(scale),
+                          zero_point=int(zp)))
+    return tuple(out)
+
+
+def _delegation(ops: list[dict[str, Any]]) -> tuple[int, tuple[str, ...]]:
+    """(delegate partitions, op names left on the builtin kernels) from the node list.
+
+    The interpreter lists the model's nodes followed by one ``DELEGATE`` node per partition
+    the delegate took, but not which nodes it replaced. A partition is convex and its node's
+    inputs are every tensor entering it, so walking back from its outputs through producers,
+    stopping at its inputs, finds exactly the nodes it replaced.
+    """
+    plain = [o for o in ops if o.get("op_name") != "DELEGATE"]
+    delegates = [o for o in ops if o.get("op_name") == "DELEGATE"]
+    producer = {int(t): i for i, o in enumerate(plain) for t in o.get("outputs", ())}
+    taken: set[int] = set()
+    for d in delegates:
+        stop = {int(t) for t in d.get("inputs", ())}
+        todo = [int(t) for t in d.get("outputs", ())]
+        while todo:
+            t = todo.pop()
+            i = producer.get(t)
+            if t in stop or i is None or i in taken:
+                continue
+            taken.add(i)
+            todo.extend(int(x) for x in plain[i].get("inputs", ()) if int(x) >= 0)
+    left = tuple(str(o.get("op_name")) for i, o in enumerate(plain) if i not in taken)
+    return len(delegates), left
+
+
+class LiteRTToolchain(Toolchain):
+    """LiteRT interpreter + default XNNPACK delegate, fp32 TFLite from `tflite_convert`."""
+
+    name = "litert"
+    device_kind = "cpu"
+    kind = Kind.MEASURED
+    artifact_kind = "tflite"
+
+    def __init__(self) -> None:
+        self._handles: collections.OrderedDict[tuple, _Handle] = collections.OrderedDict()
+        self._digests: dict[int, tuple[bytes, str]] = {}
+
+    # --- Toolchain ---------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        return LiteRTCapabilities()
+
+    def available(self) -> str | None:
+        try:
+            from ai_edge_litert.interpreter import Interpreter  # noqa: F401
+        except ImportError as e:
+            return f"ai-edge-litert not installed ({e})"
+        try:  # the writer builds flatbuffers with the TFLite schema modules vela ships
+            import flatbuffers  # noqa: F401
+            from ethosu.vela.tflite import Model  # noqa: F401
+        except ImportError as e:
+            return f"the ONNX -> TFLite writer needs flatbuffers and ethos-u-vela ({e})"
+        return None
+
+    def version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        parts = []
+        for pkg in ("ai-edge-litert", "ethos-u-vela"):
+            try:
+                parts.append(f"{pkg} {version(pkg)}")
+            except PackageNotFoundError:
+                parts.append(f"{pkg} ?")
+        return "; ".join(parts) + "; xnnpack default delegate; tflite_convert fp32"
+
+    def build(self, inp: BuildInput) -> BuildResult:
+        from runners.tflite_convert import ConversionError
+
+        t0 = time.perf_counter()
+        if not inp.onnx_bytes:
+            return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
+                               error="empty ONNX model")
+        try:
+            from runners.tflite_convert import convert
+
+            converted = convert(inp.onnx_bytes, mode="fp32")
+        except ConversionError as e:  # UnsupportedOp and anything the writer cannot express
+            return BuildResult(inp.fingerprint, inp.target, Status.UNSUPPORTED,
+                               error=error_text(e), build_s=time.perf_counter() - t0)
+        except Exception as e:  # unreadable model, missing shapes, a writer bug
+            msg = error_text(e)
+            return BuildResult(inp.fingerprint, inp.target, classify_build_error(msg),
+                               error=msg, build_s=time.perf_counter() - t0)
+        data = converted.tflite
+        threads = option_int(inp.target, "threads", 1)
+        try:
+            handle, _ = self.handle_for(inp.fingerprint, data, inp.target, threads)
+        except Exception as e:
+            msg = error_text(e)
+            return BuildResult(inp.fingerprint, inp.target, classify_build_error(msg),
+                               error=msg, build_s=time.perf_counter() - t0)
+        return BuildResult(
+            inp.fingerprint, inp.target, Status.OK, artifact=data,
+            artifact_kind=self.artifact_kind, build_s=time.perf_counter() - t0,
+            details=(*handle.details(), ("tflite_ops", len(converted.ops)),
+                     ("tflite_bytes", len(data))),
+        )
+
+    def measure(self, inp: MeasureInput) -> MeasureResult:
+        t0 = time.perf_counter()
+        build, config = inp.build, inp.config
+        common: dict[str, Any] = dict(
+            device=self.device_description(build.target), toolchain_version=self.version(),
+            build_s=build.build_s, kind=self.kind,
+        )
+        if not build.ok:
+            return MeasureResult.failed(build, build.status, build.error or "build failed",
+                                        config, **common)
+        threads = max(1, int(config.threads))
+        try:  # the artifact may come from another node: make the interpreter here
+            handle, reused = self.handle_for(build.fingerprint, build.artifact, build.target,
+                                             threads)
+        except Exception as e:
+            msg = error_text(e)
+            return MeasureResult.failed(build, classify_build_error(msg), msg, config,
+                                        measure_s=time.perf_counter() - t0, **common)
+        try:
+            feeds = self.feeds(handle, seed_of(build.fingerprint))
+            boundary_s = self._bind_inputs(handle, feeds, config)
+            handle.interp.invoke()  # first run after binding; the loop warms up on top
+        except Exception as e:
+            return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
+                                        measure_s=time.perf_counter() - t0, **common)
+        try:
+            samples, medians = time_callable(handle.interp.invoke, config)
+        except Exception as e:
+            return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
+                                        measure_s=time.perf_counter() - t0, **common)
+        details = (*handle.details(), ("handle_reused", reused), ("threads", threads),
+                   ("layout_boundary_s", boundary_s), ("boundary_in_cost", False))
+        return MeasureResult(
+            fingerprint=build.fingerprint, target=build.target, status=Status.OK, config=config,
+            samples=tuple(samples), summary=summarize(samples, medians),
+            measure_s=time.perf_counter() - t0, details=details, **common,
+        )
+
+    # --- for the executor and benches ----------------------------------------------------
+    def run_outputs(self, build: BuildResult, feeds: Mapping[str, np.ndarray],
+                    threads: int = 1) -> dict[str, np.ndarray]:
+        """Run a built artifact once: ONNX-layout (NCHW) feeds in, ONNX-layout outputs out.
+
+        Pays the layout boundary on every call (transpose in, copy in, invoke, copy out,
+        transpose out); raises on failure.
+        """
+        handle, _ = self.handle_for(build.fingerprint, build.artifact, build.target,
+                                    max(1, int(threads)))
+        interp = handle.interp
+        for s in handle.inputs:
+            interp.set_tensor(s.index, s.to_tflite(feeds[s.name]))
+        interp.invoke()
+        return {s.name: s.from_tflite(interp.get_tensor(s.index)) for s in handle.outputs}
+
+    def feeds(self, handle: _Handle, seed: int) -> dict[str, np.ndarray]:
+        """ONNX-layout feeds seeded like `collage_farm.graph.random_inputs` on the ONNX model."""
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        return {s.name: rng.standard_normal(s.onnx_shape).astype(np.float32)
+                for s in handle.inputs}
+
+    def handle_for(self, fingerprint: str, data: bytes, target: Target, threads: int
+                   ) -> tuple[_Handle, bool]:
+        """The interpreter for a flatbuffer (reused when cached); (handle, reused)."""
+        key = (fingerprint, self._digest(data), target.measure_key, threads)
+        h = self._handles.get(key)
+        if h is not None:
+            self._handles.move_to_end(key)
+            return h, True
+        h = self._make(data, threads)
+        self._handles[key] = h
+        total = sum(x.nbytes for x in self._handles.values())
+        while len(self._handles) > 1 and (len(self._handles) > MAX_HANDLES
+                                          or total > MAX_HANDLE_BYTES):
+            _, old = self._handles.popitem(last=False)
+            total -= old.nbytes
+        if len(self._digests) > 4 * MAX_HANDLES:  # holds artifact bytes alive: keep it small
+            self._digests.clear()
+        return h, False
+
+    def clear_cache(self) -> None:
+        self._handles.clear()
+        self._digests.clear()
+
+    # --- internals -----------------------------------------------------------------------
+    def _digest(self, data: bytes) -> str:
+        """Digest of an artifact, remembered per bytes object (the executor calls per run)."""
+        hit = self._digests.get(id(data))
+        if hit is not None and hit[0] is data:
+            return hit[1]
+        d = artifact_digest(data)
+        self._digests[id(data)] = (data, d)
+        return d
+
+    def _make(self, data: bytes, threads: int) -> _Handle:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        interp = Interpreter(model_content=data, num_threads=max(1, int(threads)),
+                             experimental_op_resolver_type=OpResolverType.AUTO)
+        interp.allocate_tensors()  # applies the default XNNPACK delegate
+        try:  # private but long-standing: every node, delegate nodes appended
+            delegated, left = _delegation(interp._get_ops_details())
+        except Exception:
+            delegated, left = -1, ()
+        return _Handle(interp, _io_specs(interp.get_input_details()),
+                       _io_specs(interp.get_output_details()), 2 * len(data), delegated,
+                       left)
+
+    def _bind_inputs(self, handle: _Handle, feeds: Mapping[str, np.ndarray],
+                     config: MeasureConfig) -> float:
+        """Set inputs once; return the median time of one boundary crossing (in + out)."""
+        interp = handle.interp
+
+        def cross() -> None:
+            for s in handle.inputs:
+                interp.set_tensor(s.index, s.to_tflite(feeds[s.name]))
+            for s in handle.outputs:
+                s.from_tflite(interp.get_tensor(s.index))
+
+        samples = []
+        for _ in range(max(3, min(BOUNDARY_REPS, int(config.max_samples)))):
+            t0 = time.perf_counter_ns()
+            cross()
+            samples.append(time.perf_counter_ns() - t0)
+        return statistics.median(samples) * 1e-9

@@ -1,0 +1,241 @@
+"""LiteRT + XNNPACK (``litert-cpu``): build, measure, numerics against ORT, plans that mix it.
+
+The toolchain converts ONNX to fp32 TFLite with NHWC activations, so the things that can go
+wrong are layout at the boundary (rank-4 inputs and outputs, several of them), delegation
+(XNNPACK must really run the model), unsupported nodes (a row, not an exception) and the
+hand-over between LiteRT and another toolchain inside a plan. Models are zoo blocks at small
+image sizes so the file stays within its time budget.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from collage_farm import zoo
+from collage_farm.graph import load_graph, random_inputs
+from collage_farm.subgraph import SubGraph
+from collage_farm.target import BUILTIN_TARGETS
+from runners.base import BuildInput, Kind, MeasureConfig, MeasureInput, Status
+from runners.registry import available_toolchains, capabilities_for, get_toolchain
+
+WHY = available_toolchains().get("litert")
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"litert unavailable: {WHY}")
+
+LT_T = BUILTIN_TARGETS["litert-cpu"]
+ORT_T = BUILTIN_TARGETS["ort-cpu"]
+CFG = MeasureConfig(warmup_runs=2, rounds=3, min_round_runs=5, min_round_s=0.002)
+RTOL, ATOL = 1e-4, 1e-4  # fp32: XNNPACK and ORT sum in different orders
+
+
+def _block(name: str, prefix: str, **kw: object) -> onnx.ModelProto:
+    """The nodes of a zoo model whose names start with ``prefix``, as a standalone model."""
+    g = load_graph(zoo.build(name, **kw))
+    idx = [n.index for n in g.nodes if n.name.startswith(prefix)]
+    assert idx, prefix
+    return SubGraph.of(g, idx).extract()
+
+
+CASES = {
+    "mnist": lambda: zoo.build("mnist"),
+    "resnet18-layer2.0": lambda: _block("resnet18", "layer2.0/", image_size=32),
+    "mobilenet_v2-features.3": lambda: _block("mobilenet_v2", "features.3/", image_size=32,
+                                              width_mult=0.5),
+}
+
+
+def _ort_outputs(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+@pytest.fixture(scope="module")
+def tc():
+    return get_toolchain("litert")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_build_measure_and_numerics_match_onnxruntime(tc, case: str) -> None:
+    model = CASES[case]()
+    g = load_graph(model)
+    caps = capabilities_for("litert")
+    assert all(caps.why_not(n, g) is None for n in g.nodes), case
+    fp = "1234abcd5678ef90"
+    build = tc.build(BuildInput(fp, LT_T, model.SerializeToString(), label=case))
+    assert build.status is Status.OK, build.error
+    assert build.artifact_kind == "tflite" and build.artifact[4:8] == b"TFL3"
+    details = dict(build.details)
+    # XNNPACK really takes the model: at least one delegate partition
+    assert details["xnnpack_partitions"] >= 1, details
+
+    res = tc.measure(MeasureInput(build, CFG))
+    assert res.status is Status.OK, res.error
+    assert res.kind is Kind.MEASURED and res.config == CFG
+    assert res.summary is not None and res.summary.n >= CFG.rounds * CFG.min_round_runs
+    assert 0 < res.seconds < 1
+    rd = dict(res.details)
+    assert rd["boundary_in_cost"] is False and rd["layout_boundary_s"] > 0
+    assert rd["threads"] == 1
+
+    # the measured inputs are the ones ORT/OpenVINO get for this fingerprint
+    handle, reused = tc.handle_for(fp, build.artifact, LT_T, 1)
+    assert reused
+    want = random_inputs(model, int(fp[:8], 16))
+    got = tc.feeds(handle, int(fp[:8], 16))
+    assert set(got) == set(want) and all(np.array_equal(got[k], want[k]) for k in want)
+
+    feeds = random_inputs(model, 7)
+    ref = _ort_outputs(model, feeds)
+    out = tc.run_outputs(build, feeds)
+    assert set(out) == set(ref)
+    for k, r in ref.items():
+        assert out[k].shape == r.shape and out[k].dtype == np.float32
+        np.testing.assert_allclose(out[k], r, rtol=RTOL, atol=ATOL, err_msg=f"{case}:{k}")
+
+
+def _two_in_two_out() -> onnx.ModelProto:
+    """Two rank-4 inputs (Add), two outputs of different rank: layout at every boundary."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array((rng.standard_normal((6, 4, 3, 3)) * 0.3).astype(np.float32),
+                                "w")
+    shape = numpy_helper.from_array(np.array([1, -1], np.int64), "shape")
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+        helper.make_node("Conv", ["s", "w"], ["c"], name="conv", pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Relu", ["c"], ["y4"], name="relu"),
+        helper.make_node("Reshape", ["y4", "shape"], ["y2"], name="flat"),
+    ]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        nodes, "two",
+        [vi("a", TensorProto.FLOAT, [1, 4, 10, 7]), vi("b", TensorProto.FLOAT, [1, 4, 10, 7])],
+        [vi("y4", TensorProto.FLOAT, [1, 6, 5, 4]), vi("y2", TensorProto.FLOAT, [1, 120])],
+        [w, shape])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m
+
+
+def test_several_inputs_and_outputs_cross_the_layout_boundary(tc) -> None:
+    model = _two_in_two_out()
+    build = tc.build(BuildInput("feedf00d", LT_T, model.SerializeToString()))
+    assert build.ok, build.error
+    feeds = random_inputs(model, 1)
+    out = tc.run_outputs(build, feeds)
+    ref = _ort_outputs(model, feeds)
+    for k in ("y4", "y2"):
+        np.testing.assert_allclose(out[k], ref[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+def _one_node(op: str, **attrs: object) -> onnx.ModelProto:
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], name=f"the_{op.lower()}",
+                                            **attrs)],
+                          "one", [vi("x", TensorProto.FLOAT, [1, 8])],
+                          [vi("y", TensorProto.FLOAT, [1, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m
+
+
+def _grouped_conv() -> onnx.ModelProto:
+    """group=2 over 4 channels: neither dense nor depthwise; the converter refuses it."""
+    w = numpy_helper.from_array(np.ones((4, 2, 1, 1), np.float32), "w")
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="gconv", group=2)],
+                          "g", [vi("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+                          [vi("y", TensorProto.FLOAT, [1, 4, 5, 5])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("make", [lambda: _one_node("Exp"), _grouped_conv],
+                         ids=["no-mapping", "bad-attributes"])
+def test_unsupported_node_is_an_unsupported_row(tc, make) -> None:
+    model = make()
+    g = load_graph(model)
+    why = capabilities_for("litert").why_not(g.nodes[0], g)
+    assert why is not None and why.startswith("litert: ")
+    build = tc.build(BuildInput("0badc0de", LT_T, model.SerializeToString()))
+    assert build.status is Status.UNSUPPORTED
+    assert g.nodes[0].name in build.error  # the converter names the node it refused
+    res = tc.measure(MeasureInput(build, CFG))
+    assert res.status is Status.UNSUPPORTED and not res.samples and res.error
+    assert res.seconds == math.inf
+
+
+def test_capabilities_agree_with_the_converter_on_the_zoo() -> None:
+    """Nodes the capability check accepts convert; a transformer's Gather/LayerNorm do not."""
+    caps = capabilities_for("litert")
+    g = load_graph(zoo.build("gpt2", layers=1, seq_len=8, width=32, heads=2, vocab=64))
+    refused = {n.op_type for n in g.nodes if caps.why_not(n, g) is not None}
+    assert "Gather" in refused
+    from runners.tflite_convert import convert
+
+    g2 = load_graph(zoo.build("mobilenet_v2", image_size=32, width_mult=0.35))
+    assert all(caps.why_not(n, g2) is None for n in g2.nodes)
+    assert convert(g2, mode="fp32").mode == "fp32"
+
+
+def test_interpreters_are_cached_per_artifact(tc) -> None:
+    """The executor alternates partitions; each keeps its interpreter (no rebuild per run)."""
+    a = tc.build(BuildInput("aaaa0001", LT_T, _two_in_two_out().SerializeToString()))
+    b = tc.build(BuildInput("bbbb0002", LT_T, zoo.build("mnist").SerializeToString()))
+    assert a.ok and b.ok
+    ha, _ = tc.handle_for(a.fingerprint, a.artifact, LT_T, 1)
+    hb, _ = tc.handle_for(b.fingerprint, b.artifact, LT_T, 1)
+    for _ in range(3):
+        assert tc.handle_for(a.fingerprint, a.artifact, LT_T, 1) == (ha, True)
+        assert tc.handle_for(b.fingerprint, b.artifact, LT_T, 1) == (hb, True)
+
+
+def test_delegation_parsing() -> None:
+    from runners.litert import _delegation
+
+    ops = [  # t0 -A-> t1 -B-> t2 -C-> t3 ; a delegate took A and C, not B
+        {"op_name": "CONV_2D", "inputs": [0, 10], "outputs": [1]},
+        {"op_name": "PADV2", "inputs": [1, 11, 12], "outputs": [2]},
+        {"op_name": "ADD", "inputs": [2, 13], "outputs": [3]},
+        {"op_name": "DELEGATE", "inputs": [0, 10], "outputs": [1]},
+        {"op_name": "DELEGATE", "inputs": [2, 13], "outputs": [3]},
+    ]
+    assert _delegation(ops) == (2, ("PADV2",))
+    assert _delegation(ops[:3]) == (0, ("CONV_2D", "PADV2", "ADD"))
+
+
+def test_executor_runs_a_mixed_ort_litert_plan(tmp_path) -> None:
+    """A plan with LiteRT and ORT partitions (pinned so both appear) runs and matches."""
+    from collage_farm.campaign import TuneOptions, run_tune
+    from collage_farm.executor import PlanExecutor
+    from collage_farm.pins import Pin, PinSet
+    from collage_farm.target import parse_targets
+    from estimators.mock import MockEstimator
+
+    pins = PinSet((Pin(node="features.2/*", target="ort-cpu"),
+                   Pin(node="features.3/*", target="litert-cpu"),
+                   Pin(op="Gemm", target="ort-cpu")))
+    model_path = tmp_path / "mobilenet_v2-32.onnx"  # the zoo's default is 224x224
+    onnx.save(zoo.build("mobilenet_v2", image_size=32, width_mult=0.5), str(model_path))
+    opts = TuneOptions(model=str(model_path), targets=tuple(parse_targets(
+        "ort-cpu,litert-cpu")), out=tmp_path / "plan", estimator="mock", pins=pins)
+    summary = run_tune(opts, MockEstimator())
+    per = summary["partitions_per_target"]
+    assert per.get("litert-cpu", 0) >= 1 and per.get("ort-cpu", 0) >= 1, per
+    ex = PlanExecutor(tmp_path / "plan")  # the reference model: plan.json's source
+    assert {rt.toolchain for rt in ex.partitions} == {"ort-cpu", "litert"}
+    errors = ex.check()  # raises ExecutionMismatch outside fp32 tolerance
+    assert errors and all(e < 1e-3 for e in errors.values())
+    t = ex.measure(MeasureConfig(warmup_runs=1, rounds=2, min_round_runs=3, min_round_s=0.0))
+    assert t.summary.n >= 6 and 0 < t.total_s < 1
