@@ -28,6 +28,8 @@ from onnx import helper, numpy_helper, shape_inference
 
 # ONNX Runtime 1.31 reads IR <= 13 while onnx 1.23 writes 14; 10 works in ORT and OpenVINO.
 MAX_IR_VERSION = 10
+#: protobuf refuses to serialise a message of 2 GiB or more
+MAX_MODEL_BYTES = 2**31 - 1
 
 
 class ModelError(ValueError):
@@ -250,13 +252,26 @@ def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Mod
             raise ModelError(f"{path}: no such file")
         where = str(path)
         try:
-            # load_external_data resolves weights stored beside the file (2 GB+ models)
-            model = onnx.load(str(path), load_external_data=True)
-        except Exception as e:  # protobuf DecodeError, truncated files, missing data files
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as e:  # protobuf DecodeError, truncated files
             raise ModelError(
                 f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
         if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
             raise ModelError(f"{where}: parsed, but holds no ONNX graph")
+        # Weights stored beside the file are read only once we know they fit: candidates,
+        # plan partitions and the shape probe are in-memory protobufs, capped at 2 GB.
+        size = _model_bytes(model)
+        if size > MAX_MODEL_BYTES:
+            raise ModelError(
+                f"{where}: model with its external data is {size:,} bytes ({size / 2**30:.3f} "
+                f"GiB), over the 2 GiB protobuf limit ({MAX_MODEL_BYTES:,} bytes); "
+                f"sub-models, plan partitions and runner messages are in-memory protobufs, "
+                f"so models this large are not supported (split or quantise it)")
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except Exception as e:  # missing or short data file, a location outside the folder
+            raise ModelError(
+                f"{where}: cannot read its external data ({type(e).__name__}: {e})") from None
         return model
     try:
         model = onnx.load_from_string(data)
@@ -265,6 +280,26 @@ def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Mod
     if not model.HasField("graph"):
         raise ModelError(f"{where}: parsed, but holds no ONNX graph")
     return model
+
+
+def _model_bytes(model: onnx.ModelProto) -> int:
+    """Serialised size of ``model`` once its external data is loaded (without loading it)."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    total = model.ByteSize()
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        try:
+            total += int(info["length"])
+        except (KeyError, ValueError):
+            try:
+                item = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+            except (KeyError, TypeError, ValueError):
+                item = 4
+            total += numel(t) * item
+    return total
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -278,6 +313,9 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
         raise ModelError(f"bad --shape {text!r}: dims must be integers separated by 'x'") from None
     if any(d < 0 for d in shape):
         raise ModelError(f"bad --shape {text!r}: negative dimension")
+    if any(d == 0 for d in shape):
+        raise ModelError(f"bad --shape {text!r}: a zero dimension makes an empty tensor, "
+                         f"which has nothing to measure")
     return name.strip(), shape
 
 
@@ -319,8 +357,11 @@ def _bind_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
         for d_i, d in enumerate(tt.shape.dim):
             if not d.HasField("dim_value") or d.dim_value <= 0:
                 label = d.dim_param or "?"
+                what = (f"dimension {d_i} of size 0 (an empty tensor, or an unknown size "
+                        f"written as 0)" if d.HasField("dim_value") and d.dim_value == 0
+                        else f"dynamic dimension {d_i} ({label!r})")
                 raise ModelError(
-                    f"input {inp.name!r} has dynamic dimension {d_i} ({label!r}); bind it with "
+                    f"input {inp.name!r} has {what}; bind it with "
                     f"--shape {inp.name}=" + "x".join(
                         str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N"
                         for x in tt.shape.dim
@@ -417,9 +458,13 @@ def _probe_shapes(model: onnx.ModelProto, missing: list[str]) -> dict[str, Tenso
             probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
         outs = sess.run(missing, random_inputs(model))
     except Exception as e:
+        node = next((n for n in model.graph.node if missing[0] in n.output), None)
+        made_by = (f", output of node {node.name!r} ({node.domain + ':' if node.domain else ''}"
+                   f"{node.op_type})" if node is not None else "")
         raise ModelError(
-            f"could not determine shapes of {len(missing)} tensors (e.g. {missing[0]!r}) "
-            f"statically or by running the model once: {e}"
+            f"could not determine shapes of {len(missing)} tensors (e.g. {missing[0]!r}"
+            f"{made_by}) statically or by running the model once; declare them in the "
+            f"model's value_info: {e}"
         ) from None
     found = {}
     for name, arr in zip(missing, outs):
@@ -457,8 +502,24 @@ def load_graph(
             raise ModelError(
                 f"opset {imp.version} is newer than supported ({onnx.defs.onnx_opset_version()})"
             )
+        if imp.domain in ("", "ai.onnx") and imp.version < 1:
+            raise ModelError(f"opset {imp.version} is not a valid ONNX opset")
+    try:
+        need_ir = helper.find_min_ir_version_for(
+            [i for i in model.opset_import if i.domain in ("", "ai.onnx", "ai.onnx.ml")],
+            ignore_unknown=True)
+    except Exception:  # an opset the table does not know: the checks above decide
+        need_ir = 0
+    if model.ir_version < need_ir:
+        ops = ", ".join(f"{i.domain or 'ai.onnx'} {i.version}" for i in model.opset_import)
+        raise ModelError(
+            f"IR version {model.ir_version} does not match the model's opsets ({ops}), which "
+            f"need IR >= {need_ir}: re-export the model or set its ir_version")
     _bind_inputs(model, shapes or {})
     _fold_constants(model)
+    if not g.node:
+        raise ModelError("model has no operator nodes (after folding Constant nodes): "
+                         "nothing to partition")
 
     # give every node a unique, stable name (real exports often have none)
     seen: set[str] = set()
