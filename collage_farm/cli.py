@@ -60,6 +60,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     from collage_farm.rules import RuleOptions
 
     shapes = dict(parse_shape(s) for s in args.shape)
+    _check_tune_args(args)
     targets, transition, pins, rule_options = _targets_from_args(args)
     estimator = "mock" if args.mock else "offline" if args.offline else "farm"
     address = args.address or os.environ.get("RAY_ADDRESS") or None
@@ -86,6 +87,20 @@ def _run_tune(args: argparse.Namespace) -> int:
     else:
         _print_summary(summary)
     return 0
+
+
+def _check_tune_args(args: argparse.Namespace) -> None:
+    """Option combinations and values argparse cannot check, as one-line user errors."""
+    if args.mock and args.offline:
+        raise _UserError("--mock and --offline exclude each other")
+    if args.offline and not args.cost_table:
+        raise _UserError("--offline needs --cost-table DIR (a cost table measured earlier)")
+    if args.allow_analytic and not args.offline:
+        raise _UserError("--allow-analytic applies to --offline only")
+    for flag, value in (("--max-depth", args.max_depth), ("--num-cpus", args.num_cpus),
+                        ("--layers", args.layers)):
+        if value is not None and value < 1:
+            raise _UserError(f"{flag} must be at least 1, not {value}")
 
 
 def _targets_from_args(args: argparse.Namespace):
