@@ -1,0 +1,158 @@
+"""Per-tensor value ranges of the whole fp32 model, for int8 quantisation of candidates.
+
+Why whole-model, once: an Ethos-U candidate is a sub-graph cut out of a model; quantising it
+needs the (min, max) its tensors take *inside the model*, on realistic data, not on whatever a
+candidate's own random inputs would produce (a sub-graph starting after a ReLU would otherwise
+be calibrated on negative values it never sees). The Collage search asks for thousands of
+candidates per model, many overlapping, so the ranges are measured once per model: one ONNX
+Runtime CPU session over the fp32 model with every intermediate tensor exposed as a graph
+output, run on ``n_samples`` seeded random inputs (`collage_farm.graph.random_inputs`, seeds
+``seed .. seed + n_samples - 1``), recording per-tensor min and max over all samples. Every
+candidate then picks its tensors' ranges by name (tensor names survive extraction).
+
+Caching: by a SHA-256 of the serialised model plus the seed and sample count, in memory (per
+process) and, when a cache directory is given (argument or ``COLLAGE_FARM_CALIBRATION_CACHE``),
+as one JSON file per model written atomically (temp file + rename), so a resumed campaign and
+parallel workers on one host reuse it.
+
+Random data is a stand-in for a real calibration set: the zoo's weights are scaled so that
+activations stay O(1) on N(0, 1) inputs, which gives ranges of the right order; a campaign with
+real data can pass ranges of its own (`BuildInput.tensor_ranges` is just names -> ranges).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+    from collage_farm.graph import DataflowGraph
+
+__all__ = ["CACHE_ENV", "calibrate", "clear_memory_cache", "model_key"]
+
+CACHE_ENV = "COLLAGE_FARM_CALIBRATION_CACHE"
+_FORMAT = 1  # bump when the file layout or the method changes
+
+_lock = threading.Lock()
+_memory: dict[str, dict[str, tuple[float, float]]] = {}
+
+_FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def model_key(graph: DataflowGraph, seed: int, n_samples: int) -> str:
+    """Cache key: hash of the model bytes, the seed and the sample count."""
+    h = hashlib.sha256(graph.model.SerializeToString())
+    h.update(f"|seed={seed}|n={n_samples}|v{_FORMAT}".encode())
+    return h.hexdigest()
+
+
+def clear_memory_cache() -> None:
+    with _lock:
+        _memory.clear()
+
+
+def _float_tensors(graph: DataflowGraph) -> list[str]:
+    names: list[str] = []
+    seen: set[str] = set()
+    for t in list(graph.graph_inputs) + [o for n in graph.nodes for o in n.outputs if o]:
+        info = graph.tensors.get(t)
+        if t in seen or info is None or info.elem_type not in _FLOAT_TYPES:
+            continue
+        seen.add(t)
+        names.append(t)
+    return names
+
+
+def _measure(graph: DataflowGraph, seed: int, n_samples: int) -> dict[str, tuple[float, float]]:
+    import onnx
+    import onnxruntime as ort
+
+    from collage_farm.graph import MAX_IR_VERSION, random_inputs
+
+    names = _float_tensors(graph)
+    produced = [t for t in names if t not in graph.graph_inputs]
+    probe = onnx.ModelProto()
+    probe.CopyFrom(graph.model)
+    have = {o.name for o in probe.graph.output}
+    for t in produced:
+        if t not in have:
+            probe.graph.output.add().name = t
+    probe.ir_version = min(probe.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    # no fusion: every tensor must be computed as the ONNX graph defines it
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(probe.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+
+    def record(name: str, arr: np.ndarray) -> None:
+        a = np.asarray(arr, dtype=np.float64)
+        a = a[np.isfinite(a)]
+        if a.size == 0:
+            return
+        mn, mx = float(a.min()), float(a.max())
+        lo[name] = min(lo.get(name, mn), mn)
+        hi[name] = max(hi.get(name, mx), mx)
+
+    for i in range(max(1, int(n_samples))):
+        feeds = random_inputs(graph, seed + i)
+        for name, arr in feeds.items():
+            if name in names:
+                record(name, arr)
+        for name, arr in zip(produced, sess.run(produced, feeds)):
+            record(name, arr)
+    return {t: (lo[t], hi[t]) for t in names if t in lo}
+
+
+def calibrate(
+    graph: DataflowGraph | onnx.ModelProto | bytes,
+    seed: int = 0,
+    n_samples: int = 8,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, tuple[float, float]]:
+    """Per-tensor (min, max) of every float tensor (graph inputs and node outputs).
+
+    Runs the whole fp32 model once per model (cached; see the module docstring). A
+    `ModelProto` or model bytes are loaded with `collage_farm.graph.load_graph` first.
+    """
+    from collage_farm.graph import DataflowGraph, load_graph
+
+    if not isinstance(graph, DataflowGraph):
+        graph = load_graph(graph)
+    key = model_key(graph, seed, n_samples)
+    with _lock:
+        hit = _memory.get(key)
+    if hit is not None:
+        return dict(hit)
+    where = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or None
+    path = Path(where) / f"ranges-{key[:32]}.json" if where else None
+    ranges: dict[str, tuple[float, float]] | None = None
+    if path is not None and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") == key:
+                ranges = {k: (float(v[0]), float(v[1])) for k, v in data["ranges"].items()}
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            ranges = None  # a damaged cache file is re-measured and overwritten
+    if ranges is None:
+        ranges = _measure(graph, seed, n_samples)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps({"key": key, "model": graph.name, "seed": seed,
+                                       "n_samples": n_samples,
+                                       "ranges": {k: list(v) for k, v in ranges.items()}}))
+            os.replace(tmp, path)
+    with _lock:
+        _memory[key] = ranges
+    return dict(ranges)
