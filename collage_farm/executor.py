@@ -234,11 +234,14 @@ def _ov_runtime(pid: str, target: str, data: bytes, inputs: Sequence[str],
         return {port_names[i]: np.array(res[p], copy=True) for i, p in enumerate(out_ports)}
 
     def bind(buffers: dict[str, Any]) -> Callable[[], None]:
+        # a request per binding: two executors sharing this runtime (plan refinement times the
+        # current and the candidate plan side by side) must not rebind each other's tensors
+        r = compiled.create_infer_request()
         for n in in_names:
-            req.set_tensor(n, ov.Tensor(buffers[n], shared_memory=True))
+            r.set_tensor(n, ov.Tensor(buffers[n], shared_memory=True))
         for i, n in enumerate(port_names):
-            req.set_output_tensor(i, ov.Tensor(buffers[n], shared_memory=True))
-        return req.infer
+            r.set_output_tensor(i, ov.Tensor(buffers[n], shared_memory=True))
+        return r.infer
 
     return PartitionRuntime(pid, target, "openvino", tuple(inputs), tuple(outputs), est,
                             "measured", f"openvino {precision}", plain, bind)
@@ -422,24 +425,31 @@ class PlanExecutor:
         self._buffers: dict[str, Any] | None = None
         self._shapes_bound: dict[str, tuple[int, ...]] = {}
         self._keep: list[Any] = []
+        self._steps: list[Callable[[], None]] = []
 
     @classmethod
     def from_runtimes(cls, runtimes: Sequence[PartitionRuntime], graph_inputs: Sequence[str],
-                      graph_outputs: Sequence[str], model_bytes: bytes) -> PlanExecutor:
-        """An executor over given runtimes (single-toolchain whole models)."""
+                      graph_outputs: Sequence[str], model_bytes: bytes | onnx.ModelProto
+                      ) -> PlanExecutor:
+        """An executor over given runtimes (whole models, in-memory plans being refined).
+
+        Runtimes may be shared between executors: each executor binds its own steps.
+        """
         self = cls.__new__(cls)
         self.plan_dir = Path(".")
         self.plan = Plan(model="", targets=(), partitions=(), estimated_total_s=0.0,
                          graph_inputs=tuple(graph_inputs), graph_outputs=tuple(graph_outputs))
         self.files = {}
         self.threads = 1
-        self.model_arg = onnx.load_from_string(model_bytes)
+        self.model_arg = (model_bytes if isinstance(model_bytes, onnx.ModelProto)
+                          else onnx.load_from_string(model_bytes))
         self.shapes = {}
         self.partitions = list(runtimes)
         self._input_specs = _input_specs_model(self.model_arg, graph_inputs)
         self._buffers = None
         self._shapes_bound = {}
         self._keep = []
+        self._steps = []
         return self
 
     # --- feeds and buffers -------------------------------------------------------------
@@ -489,8 +499,10 @@ class PlanExecutor:
                     val.shape, val.dtype, "cuda", 0)
             else:
                 buffers[name] = np.ascontiguousarray(np.array(val, copy=True))
+        self._steps = []
         for rt in self.partitions:
-            rt.step = rt.bind(buffers)
+            rt.step = rt.bind(buffers)  # the latest binding, for callers holding a runtime
+            self._steps.append(rt.step)
         self._buffers, self._shapes_bound = buffers, shapes
         return buffers
 
@@ -506,9 +518,8 @@ class PlanExecutor:
         """Run every partition once on ``feeds`` (default: seeded random); graph outputs."""
         feeds = self.random_feeds() if feeds is None else feeds
         buffers = self._load_feeds(feeds)
-        for rt in self.partitions:
-            assert rt.step is not None
-            rt.step()
+        for step in self._steps:
+            step()
         return {n: np.array(buffers[n], copy=True) for n in self.plan.graph_outputs}
 
     @property
@@ -546,12 +557,14 @@ class PlanExecutor:
                        ) -> Callable[[], None]:
         """The measured partitions' steps as one call (binds ``feeds`` once)."""
         self._load_feeds(self.random_feeds() if feeds is None else feeds)
-        steps = [rt.step for rt in self.partitions if rt.kind == "measured"]
+        steps = [st for rt, st in zip(self.partitions, self._steps) if rt.kind == "measured"]
+        buffers = self._buffers  # bound by pointer: must live as long as the callable
 
         def run_all() -> None:
             for s in steps:
-                s()  # type: ignore[misc]
+                s()
 
+        run_all.buffers = buffers  # type: ignore[attr-defined]
         return run_all
 
     def timing(self, summary: Summary) -> Timing:
@@ -569,9 +582,9 @@ class PlanExecutor:
         config = config or MeasureConfig()
         self._load_feeds(self.random_feeds() if feeds is None else feeds)
         out = {}
-        for rt in self.partitions:
-            if rt.kind == "measured" and rt.step is not None:
-                s, _ = time_callable(rt.step, config)
+        for rt, step in zip(self.partitions, self._steps):
+            if rt.kind == "measured":
+                s, _ = time_callable(step, config)
                 out[rt.id] = float(statistics.median(s))
             else:
                 out[rt.id] = rt.estimated_s
@@ -631,7 +644,8 @@ def reference_model(plan: Plan, model: str | os.PathLike | onnx.ModelProto | Non
     if source.startswith("zoo:"):
         from collage_farm import zoo
 
-        return zoo.build(source[4:])
+        layers = plan.extra.get("layers")
+        return zoo.build(source[4:], **({} if layers is None else {"layers": int(layers)}))
     if source:
         p = Path(source)
         if not p.is_absolute() and plan_dir is not None and not p.exists():

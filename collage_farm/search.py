@@ -38,6 +38,7 @@ from collage_farm.transition import AnalyticTransitionModel, TransitionModel
 from estimators.base import CostEstimator
 
 HOST = CPU0
+MAX_ALTS = 3
 
 
 class NoCoverError(RuntimeError):
@@ -58,6 +59,25 @@ class PlannedPartition:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """A candidate the search could have applied instead of a chosen partition (why it won).
+
+    ``same_nodes``: it covers exactly the chosen partition's nodes (another target), the
+    like-for-like comparison; otherwise it starts at the same node and covers ``nodes`` nodes.
+    ``status``: ``estimated`` (its cost is known), ``bound`` (never measured: its lower bound
+    ``cost_s`` could not beat the plan, i.e. pruned) or ``invalid`` (failed to build or run).
+    """
+
+    target: str
+    label: str
+    nodes: int
+    same_nodes: bool
+    cost_s: float
+    penalty_s: float
+    status: str
+
+
+@dataclass(frozen=True)
 class SearchResult:
     partitions: tuple[PlannedPartition, ...]
     total_s: float
@@ -68,6 +88,9 @@ class SearchResult:
     search_s: float
     unknown_costs: int = 0
     lazy: bool = False
+    #: per chosen partition, the best alternatives from the same search state (runner-ups):
+    #: same nodes on other targets first, then other candidates by cost; at most `MAX_ALTS`
+    alternatives: tuple[tuple[Alternative, ...], ...] = ()
 
     @property
     def cost(self) -> Cost:
@@ -306,12 +329,40 @@ def search(
         )
 
     parts: list[PlannedPartition] = []
+    steps: list[tuple[int, _Edge]] = []
     k = result_key
     while k in back:
         parent, e, pen = back[k]
         parts.append(PlannedPartition(e.cand, costs[e.cand.fingerprint], pen))
+        steps.append((parent[0], e))
         k = parent
     parts.reverse()
+    steps.reverse()
+
+    def alternatives(covered: int, chosen: _Edge) -> tuple[Alternative, ...]:
+        first = (~covered & full)
+        first = (first & -first).bit_length() - 1
+        alts = []
+        for e in by_first[first]:
+            if e is chosen or e.mask & covered or (e.need & ~covered):
+                continue
+            fp = e.cand.fingerprint
+            if fp in costs:
+                c = costs[fp]
+                status = "estimated" if c.is_known and math.isfinite(c.seconds) else "invalid"
+                sec = c.seconds if status == "estimated" else math.inf
+            elif fp in lb_cache:
+                status, sec = "bound", lb_cache[fp]
+            else:
+                continue
+            same = e.mask == chosen.mask
+            alts.append(Alternative(e.cand.target.id, e.cand.label(), e.mask.bit_count(), same,
+                                    sec, e.static_penalty, status))
+        alts.sort(key=lambda a: (not a.same_nodes, a.status == "invalid",
+                                 a.cost_s + a.penalty_s))
+        return tuple(alts[:MAX_ALTS])
+
+    alts = tuple(alternatives(cov, e) for cov, e in steps)
     return SearchResult(
         partitions=tuple(parts),
         total_s=best[result_key],
@@ -322,4 +373,11 @@ def search(
         search_s=time.perf_counter() - t0,
         unknown_costs=unknown,
         lazy=lazy,
+        alternatives=alts,
     )
+
+
+def static_penalty_s(graph: DataflowGraph, candidate: CandidatePartition,
+                     transition: TransitionModel) -> float:
+    """The penalty the search charges ``candidate``'s edge, cross-device transfers aside."""
+    return _prepare(graph, [candidate], transition)[0].static_penalty
