@@ -17,7 +17,9 @@ keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerpr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +36,8 @@ from collage_farm.transition import AnalyticTransitionModel, TransitionModel
 from estimators.base import CostEstimator
 
 log = logging.getLogger(__name__)
+
+DEFAULT_REFINE_TRIALS = 6
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,12 @@ class TuneOptions:
     campaign_id: str = ""
     strictness: str = "exact"
     num_cpus: int | None = None
+    # after the search (measured campaigns only; see `post_search`)
+    verify: bool = True  # never worse: plan vs each single toolchain, measured end to end
+    refine_trials: int = DEFAULT_REFINE_TRIALS  # measured local moves; 0 disables
+    refine_time_s: float = 120.0
+    verify_rounds: int = 7
+    report: bool = True  # report.html + PNGs beside the plan
 
 
 def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -135,6 +145,36 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
     raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
 
 
+def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
+                      ) -> TransitionModel:
+    """The search's transition model: measured rows from the cost table where they exist.
+
+    ``opts.transition`` (configured, or analytic) is the fallback for what no row covers. A
+    farm campaign that built its own estimator (``measure``) measures the missing transition
+    rows on this machine first (`collage_farm.transition.measured_transition_model`); an
+    offline campaign reuses the table's rows; mock campaigns keep the given model.
+    """
+    fallback = opts.transition or AnalyticTransitionModel()
+    table = opts.cost_table or (opts.out / "costs" if opts.estimator == "farm" else None)
+    if opts.estimator == "mock" or table is None:
+        return fallback
+    if not measure and not Path(table).is_dir():
+        return fallback
+    from collage_farm.target import CPU0
+    from collage_farm.transition import measured_transition_model
+
+    config = getattr(est, "config", None)
+    try:
+        return measured_transition_model(
+            table, opts.targets, measure=measure and opts.estimator == "farm",
+            config=config, fallback=fallback, host=getattr(fallback, "host", None) or CPU0,
+            campaign_id=opts.campaign_id)
+    except Exception as e:  # a broken probe must not cost the campaign: say so, go on
+        log.warning("measured transitions unavailable (%s: %s); using %s", type(e).__name__,
+                    e, fallback.label)
+        return fallback
+
+
 def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     """Run phases 1-4; write the plan to ``opts.out``; return the summary."""
     t_start = time.perf_counter()
@@ -154,24 +194,38 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
 
     own = estimator is None
     est = estimator or make_estimator(opts, graph)
-    transition = opts.transition or AnalyticTransitionModel()
+    transition = choose_transition(opts, est, measure=own)
+    post: PostSearch | None = None
     try:
         result: SearchResult = search(graph, candidates, est, transition,
                                       lazy=bool(opts.prune and est.has_lower_bound))
+        if opts.estimator == "farm" and (opts.verify or opts.refine_trials > 0):
+            post = post_search(opts, graph, result, est, transition)
     finally:
         stats = est.stats()
         if own:
             est.close()
+    dijkstra = result
+    if post is not None:
+        result = post.result
     plan = make_plan(graph, result, opts.targets, estimator=est.label,
                      transition=transition.label)
     plan.extra.update({"campaign_id": campaign_id, "source": opts.model})
+    if opts.layers is not None:
+        plan.extra["layers"] = opts.layers
+    plan.extra["runner_ups"] = {
+        e.id: [{**dataclasses.asdict(a), "cost_s": a.cost_s if math.isfinite(a.cost_s) else None}
+               for a in alts]
+        for e, alts in zip(plan.partitions, result.alternatives) if alts}
+    if post is not None:
+        plan.extra["never_worse"] = post.info
     write_plan(plan, graph, result, opts.out)
     t_end = time.perf_counter()
 
     per_target: dict[str, int] = {}
     for p in plan.partitions:
         per_target[p.target] = per_target.get(p.target, 0) + 1
-    return {
+    summary = {
         "model": graph.name,
         "campaign_id": campaign_id,
         "estimator": est.label,
@@ -198,3 +252,164 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "wall_s": t_end - t_start,
         "plan": str(Path(opts.out) / "plan.json"),
     }
+    summary["dijkstra_estimated_s"] = dijkstra.total_s
+    summary["dijkstra_partitions"] = len(dijkstra.partitions)
+    if post is not None:
+        summary.update(post.info)
+        summary["post_search_s"] = post.elapsed_s
+    else:
+        summary["verify"] = (
+            f"skipped: costs from {est.label} are not measurements on this machine; run "
+            f"`collage-farm run {opts.out}` to measure the plan" if opts.estimator != "farm"
+            else "skipped (--no-verify, --refine-trials 0)")
+    if opts.report:
+        try:
+            from collage_farm.report import write_report
+
+            summary["report"] = str(write_report(opts.out, summary,
+                                                 post.measured if post else None))
+        except Exception as e:  # a drawing problem must not lose the plan
+            log.warning("report not written: %s: %s", type(e).__name__, e)
+            summary["report_error"] = f"{type(e).__name__}: {e}"
+    summary["wall_s"] = time.perf_counter() - t_start
+    return summary
+
+
+@dataclass
+class PostSearch:
+    """What happened after the search: the plan to write and the figures to report."""
+
+    result: SearchResult
+    info: dict  # summary keys (plan_measured_s, best_single_target, ...)
+    measured: dict  # for the report (`report.write_report`'s ``measured``)
+    elapsed_s: float
+
+
+def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
+                est: CostEstimator, transition: TransitionModel) -> PostSearch:
+    """Refine the Dijkstra plan with measured moves, then keep it only if never worse.
+
+    The Dijkstra plan, the refined plan (when a move was kept) and every searched target's
+    whole model are numerically checked and timed interleaved in one run
+    (`collage_farm.refine.verify`). The mix (refined, unless the Dijkstra plan beat it beyond
+    noise in this run) is kept only when it beats the best single toolchain beyond noise
+    (`refine.noise_threshold`: 3% floor); otherwise the output plan is the best single
+    toolchain's whole model, and the summary says so with both figures.
+    """
+    from collage_farm.refine import (
+        Part,
+        PlanBuilder,
+        parts_of,
+        refine,
+        to_search_result,
+        verify,
+    )
+    from runners.base import MeasureConfig
+
+    t0 = time.perf_counter()
+    builder = PlanBuilder(graph, threads=1)
+    start = parts_of(result)
+    pins = opts.pins
+    if pins is not None:
+        from collage_farm.pins import PinSet
+
+        pins = PinSet.of(pins)  # type: ignore[arg-type]
+    ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
+                 time_budget_s=opts.refine_time_s,
+                 config=MeasureConfig(rounds=5, min_round_s=0.02), pins=pins, builder=builder)
+    refined_result = result
+    if ref.changed:
+        refined_result = to_search_result(graph, ref.parts, result, estimate=est.estimate,
+                                          transition=transition)
+    info: dict = {"refine": ref.to_json()}
+    if not opts.verify:
+        info["verify"] = "skipped (--no-verify)"
+        return PostSearch(refined_result, info, {}, time.perf_counter() - t0)
+
+    plans = {"dijkstra": start}
+    if ref.changed:
+        plans["refined"] = list(ref.parts)
+    rounds = max(3, opts.verify_rounds)
+    v = verify(graph, plans, opts.targets, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
+               builder=builder)
+    med = v.median
+    mix, mix_result = "dijkstra", result
+    if "refined" in v.summaries and not ("dijkstra" in v.summaries
+                                         and v.beats("dijkstra", "refined")):
+        mix, mix_result = "refined", refined_result
+    best = v.best_single
+    info.update({
+        "singles_measured_s": {n: med(n) for n in v.singles if n in v.summaries},
+        "dijkstra_measured_s": med("dijkstra"),
+        "refined_measured_s": med("refined") if ref.changed else None,
+        "refine_gain": (med("dijkstra") / med("refined") - 1.0
+                        if ref.changed and med("refined") and med("dijkstra") else None),
+        "verify_errors": dict(v.errors),
+        "verify_rounds": rounds,
+    })
+    mix_s = med(mix)
+    out_result, kept, note = mix_result, "plan", ""
+    if mix_s is None:
+        if best is None:
+            raise RuntimeError(f"neither the plan nor any single toolchain ran: {v.errors}")
+        kept = "best_single"
+        note = (f"the plan failed to run or to match the model ({v.errors.get(mix, '?')}); "
+                f"the output is the whole model on {best}")
+    elif best is None:
+        note = "no single toolchain ran the whole model; the plan is kept unverified against one"
+    else:
+        thr = v.threshold(mix, best)
+        info["noise_threshold"] = thr
+        whole = (len(mix_result.partitions) == 1
+                 and mix_result.partitions[0].candidate.target.id == best)
+        if whole or v.beats(mix, best):
+            note = (f"the plan is the best single toolchain's ({best}) whole model" if whole
+                    else f"the plan beats the best single toolchain {best} beyond noise "
+                    f"({mix_s * 1e3:.4f} ms vs {med(best) * 1e3:.4f} ms, noise {thr:.1%})")
+        else:
+            kept = "best_single"
+            note = (f"the plan ({mix_s * 1e3:.4f} ms measured) is not faster than the best "
+                    f"single toolchain {best} ({med(best) * 1e3:.4f} ms) beyond noise "
+                    f"({thr:.1%}): the output plan is {best}'s whole model")
+    if kept == "best_single":
+        assert best is not None
+        target = next(t for t in opts.targets if t.id == best)
+        out_result = to_search_result(graph, [Part(graph.all_mask, target)], result,
+                                      estimate=est.estimate, transition=transition,
+                                      rule="best-single")
+    out_name = mix if kept == "plan" else best
+    assert out_name is not None
+    plan_s = med(out_name)
+    best_s = med(best) if best else None
+    est_s = out_result.total_s
+    add_err = ((plan_s - est_s) / plan_s
+               if plan_s and est_s is not None and math.isfinite(est_s) else None)
+    d_s, d_est = med("dijkstra"), result.total_s
+    info.update({
+        "plan_measured_s": plan_s,
+        "plan_is": "best_single" if kept == "best_single" else mix,
+        "best_single_target": best,
+        "best_single_measured_s": best_s,
+        "speedup_vs_best_single": best_s / plan_s if best_s and plan_s else None,
+        "mix_measured_s": mix_s,
+        "apparent_loss": mix_s / best_s - 1.0 if mix_s and best_s else None,
+        "additive_error": add_err,
+        "dijkstra_additive_error": (d_s - d_est) / d_s if d_s and math.isfinite(d_est) else None,
+        "never_worse": note,
+    })
+    measured = {
+        "plan_measured_s": plan_s, "additive_error": add_err,
+        "apparent_loss": info["apparent_loss"], "singles_s": info["singles_measured_s"],
+        "best_single": best, "never_worse": note, "plan_is": info["plan_is"],
+        "dijkstra_measured_s": d_s, "refined_measured_s": info["refined_measured_s"],
+        "refine": info["refine"], "mix_measured_s": mix_s,
+    }
+    if opts.report:
+        try:
+            ex = builder.executor(parts_of(out_result),
+                                  [p.cost.seconds for p in out_result.partitions])
+            per = ex.measure_partitions(MeasureConfig(rounds=3, min_round_s=0.01))
+            measured["partition_measured_s"] = per
+        except Exception as e:
+            log.warning("per-partition timing failed: %s", e)
+    return PostSearch(out_result, info, measured, time.perf_counter() - t0)

@@ -43,6 +43,17 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strictness", default="exact", choices=["exact", "device", "any"],
                    help="cost-table matching (see README)")
     p.add_argument("--num-cpus", type=int, help="CPUs for the embedded Ray")
+    p.add_argument("--no-verify", action="store_true",
+                   help="do not measure the plan end to end against each single toolchain "
+                   "(never-worse check); by default a plan not faster than the best single "
+                   "toolchain beyond noise is replaced by that toolchain's whole model")
+    p.add_argument("--refine-trials", type=int, default=None, metavar="N",
+                   help="measured local moves tried on the Dijkstra plan (default 6; 0 "
+                   "disables refinement)")
+    p.add_argument("--refine-time", type=float, default=120.0, metavar="S",
+                   help="wall-clock budget for refinement, seconds (default 120)")
+    p.add_argument("--no-report", action="store_true",
+                   help="do not write report.html and its PNGs beside the plan")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     try:
         from collage_farm.cli_targets import add_config_args
@@ -55,7 +66,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 def _run_tune(args: argparse.Namespace) -> int:
     import os
 
-    from collage_farm.campaign import TuneOptions, run_tune
+    from collage_farm.campaign import DEFAULT_REFINE_TRIALS, TuneOptions, run_tune
     from collage_farm.graph import parse_shape
     from collage_farm.rules import RuleOptions
 
@@ -80,6 +91,11 @@ def _run_tune(args: argparse.Namespace) -> int:
         pins=pins,
         strictness=args.strictness,
         num_cpus=args.num_cpus,
+        verify=not args.no_verify,
+        refine_trials=(DEFAULT_REFINE_TRIALS if args.refine_trials is None
+                       else max(0, args.refine_trials)),
+        refine_time_s=args.refine_time,
+        report=not args.no_report,
     )
     summary = run_tune(opts)
     if args.json:
@@ -138,9 +154,27 @@ def _print_summary(s: dict) -> None:
     per = ", ".join(f"{k}: {v}" for k, v in s["partitions_per_target"].items())
     print(f"plan: {s['partitions']} partitions ({per}); estimated "
           f"{s['estimated_total_s'] * 1e3:.3f} ms{warn}")
-    for key in ("plan_measured_s", "best_single_target", "speedup_vs_best_single"):
-        if key in s:
-            print(f"  {key}: {s[key]}")
+    if s.get("plan_measured_s") is not None:
+        ref = s.get("refine") or {}
+        print(f"refinement: {ref.get('trials', 0)} measured trials, {ref.get('accepted', 0)} "
+              f"kept ({ref.get('stopped_by', '')})" + (
+                  f"; refined {s['refined_measured_s'] * 1e3:.4f} ms vs Dijkstra "
+                  f"{s['dijkstra_measured_s'] * 1e3:.4f} ms" if s.get("refined_measured_s")
+                  else ""))
+        best = s.get("best_single_target")
+        best_s = s.get("best_single_measured_s")
+        line = f"measured end to end: plan {s['plan_measured_s'] * 1e3:.4f} ms"
+        if best and best_s:
+            line += (f", best single {best} {best_s * 1e3:.4f} ms "
+                     f"(speedup {s['speedup_vs_best_single']:.3f}x)")
+        if s.get("additive_error") is not None:
+            line += f"; additive error {s['additive_error']:+.1%}"
+        print(line)
+        print(f"never worse: {s.get('never_worse', '')}")
+    elif isinstance(s.get("verify"), str):
+        print(f"end-to-end check {s['verify']}")
+    if s.get("report"):
+        print(f"report: {s['report']}")
     print(f"search {s['search_s']:.2f} s, wall {s['wall_s']:.2f} s; plan in {s['plan']}")
 
 
