@@ -103,6 +103,7 @@ def run_run(args: argparse.Namespace) -> int:
     if args.report:
         from collage_farm.report import write_report
 
+        out["partition_measured_s"] = ex.measure_partitions(_config(args))
         out["report"] = str(write_report(args.plan_dir, dict(ex.plan.extra), out))
     if args.json:
         print(json.dumps(out, indent=2, default=str))
