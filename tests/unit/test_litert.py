@@ -239,3 +239,21 @@ def test_executor_runs_a_mixed_ort_litert_plan(tmp_path) -> None:
     assert errors and all(e < 1e-3 for e in errors.values())
     t = ex.measure(MeasureConfig(warmup_runs=1, rounds=2, min_round_runs=3, min_round_s=0.0))
     assert t.summary.n >= 6 and 0 < t.total_s < 1
+
+
+@pytest.mark.parametrize("mode", ["flush", "network"])
+def test_cache_modes_measure_and_leave_the_interpreter_usable(tc, mode: str) -> None:
+    """``network`` touches the interpreter's own input buffers without holding views."""
+    import runners.base as base
+
+    if mode not in getattr(base, "MEASURE_MODES", ("isolated", "cache_flush")):
+        pytest.skip(f"measure mode {mode!r} not in this tree")
+    model = _two_in_two_out()
+    build = tc.build(BuildInput("c0c0a000", LT_T, model.SerializeToString()))
+    cfg = MeasureConfig(warmup_runs=1, rounds=2, min_round_runs=3, min_round_s=0.0, mode=mode,
+                        flush_bytes=1 << 20)
+    res = tc.measure(MeasureInput(build, cfg))
+    assert res.status is Status.OK, res.error
+    feeds = random_inputs(model, 2)
+    np.testing.assert_allclose(tc.run_outputs(build, feeds)["y2"],
+                               _ort_outputs(model, feeds)["y2"], rtol=RTOL, atol=ATOL)
