@@ -47,6 +47,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--plan", help="also run this plan directory in the same interleaved run")
     c.add_argument("--plot", help="write a PNG bar chart here")
     c.add_argument("--shape", action="append", default=[], metavar="INPUT=DxDx...")
+    c.add_argument("--cost-table", metavar="DIR",
+                   help="also compare sub-graphs from this cost table: the same sub-graph on "
+                   "each target, sorted by largest spread (where the toolchain matters most)")
+    c.add_argument("--top", type=int, default=20, help="sub-graphs shown with --cost-table")
+    c.add_argument("--no-whole", action="store_true",
+                   help="with --cost-table: only the per-sub-graph comparison (no timing run)")
+    c.add_argument("--layers", type=int, help="layers for zoo transformer models")
     _measure_args(c)
 
 
@@ -133,12 +140,28 @@ def run_compare(args: argparse.Namespace) -> int:
     from collage_farm.target import parse_targets
 
     shapes = dict(parse_shape(s) for s in args.shape)
-    graph = load_source(args.model, shapes)
-    toolchains = [t.toolchain for t in parse_targets(args.targets)]
+    graph = load_source(args.model, shapes, args.layers)
+    targets = parse_targets(args.targets)
+    toolchains = [t.toolchain for t in targets]
+    spread: list[dict] | None = None
+    if args.cost_table:
+        plan_parts = None
+        if args.plan:
+            from collage_farm.plan import load_plan
+
+            plan_parts = {(tuple(p.nodes), p.target) for p in load_plan(args.plan)[0].partitions}
+        spread = subgraph_spread(graph, targets, Path(args.cost_table), plan_parts)
+    if spread is not None and args.no_whole:
+        return _print_spread(graph.name, spread, args)
     plan = PlanExecutor(args.plan, threads=args.threads, model=graph.model) if args.plan else None
     cmp = compare_interleaved(graph.model, toolchains, _config(args), plan=plan,
                               threads=args.threads)
     out = {"model": graph.name, "toolchains": toolchains, **cmp.to_json()}
+    if spread is not None:
+        out["subgraphs"] = spread
+        if args.plot:
+            out["subgraph_plot"] = str(plot_spread(
+                spread[:args.top], _spread_png(Path(args.plot)), graph.name))
     rows = [(k, v) for k, v in cmp.singles.items()]
     if "measured_s" in cmp.ort_multi_ep:
         rows.append(("ort-multi-ep", cmp.ort_multi_ep["measured_s"]))
@@ -162,7 +185,131 @@ def run_compare(args: argparse.Namespace) -> int:
               f"{cmp.apparent_loss:+.1%}")
     if args.plot:
         print(f"plot: {out['plot']}")
+    if spread is not None:
+        _spread_table(spread, args.top)
+        if "subgraph_plot" in out:
+            print(f"sub-graph plot: {out['subgraph_plot']}")
     return 0
+
+
+def _spread_png(plot: Path) -> Path:
+    return plot.with_name(plot.stem + "_subgraphs" + (plot.suffix or ".png"))
+
+
+def _print_spread(model: str, spread: list[dict], args: argparse.Namespace) -> int:
+    out: dict[str, Any] = {"model": model, "subgraphs": spread}
+    if args.plot:
+        out["subgraph_plot"] = str(plot_spread(spread[:args.top], Path(args.plot), model))
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    _spread_table(spread, args.top)
+    if args.plot:
+        print(f"sub-graph plot: {out['subgraph_plot']}")
+    return 0
+
+
+def _spread_table(spread: list[dict], top: int) -> None:
+    targets = sorted({t for r in spread for t in r["costs_s"]})
+    print(f"sub-graphs measured on 2+ targets: {len(spread)}; largest spread first "
+          f"(max/min of median cost; 'x N' = repeated N times in the model)")
+    print("  " + f"{'spread':>7s}  {'nodes':40s} " + " ".join(f"{t:>14s}" for t in targets))
+    for r in spread[:top]:
+        label = r["label"] + (f" x {r['occurrences']}" if r["occurrences"] > 1 else "")
+        cells = []
+        for t in targets:
+            v = r["costs_s"].get(t)
+            mark = "*" if t in r.get("in_plan", ()) else " "
+            cells.append(f"{_ms(v):>13s}{mark}" if v is not None else f"{'-':>14s}")
+        print(f"  {r['spread']:6.2f}x  {label[:40]:40s} " + " ".join(cells))
+    if any(r.get("in_plan") for r in spread):
+        print("  * = chosen by the plan")
+
+
+def subgraph_spread(graph: Any, targets: Any, table_dir: Path,
+                    plan_parts: set[tuple[tuple[str, ...], str]] | None = None) -> list[dict]:
+    """The same sub-graph's measured cost on each target, largest spread (max/min) first.
+
+    Sub-graphs are the model's candidates (phase 1 + 2 for ``targets``); a candidate's cost on
+    a target is the newest ok row of the table with its fingerprint (the fingerprint already
+    includes the target, so every cost compared belongs to exactly this sub-graph structure).
+    Repeated structures (the layers of a transformer) appear once, with their count.
+    """
+    from collage_farm.campaign import build_specs
+    from collage_farm.costtable import CostTable
+    from collage_farm.rules import RuleOptions, all_candidates
+
+    if not table_dir.is_dir():
+        raise FileNotFoundError(f"{table_dir}: no cost table directory")
+    tbl = CostTable(table_dir).read(columns=["fingerprint", "status", "median", "created_at"])
+    newest: dict[str, tuple[Any, float]] = {}
+    for fp, st, med, ts in zip(*(tbl.column(c).to_pylist() for c in
+                                 ("fingerprint", "status", "median", "created_at"))):
+        if st == "ok" and med is not None and (fp not in newest or ts > newest[fp][0]):
+            newest[fp] = (ts, float(med))
+    cands = all_candidates(graph, build_specs(targets, RuleOptions()))
+    by_mask: dict[int, dict[str, Any]] = {}
+    for c in cands:
+        hit = newest.get(c.fingerprint)
+        if hit is None:
+            continue
+        d = by_mask.setdefault(c.mask, {"cand": c, "costs": {}})
+        d["costs"][c.target.id] = hit[1]
+    groups: dict[str, dict] = {}
+    for d in by_mask.values():
+        if len(d["costs"]) < 2:
+            continue
+        c = d["cand"]
+        key = c.sub_graph.structural_hash + "|" + ",".join(sorted(d["costs"]))
+        nodes = tuple(c.node_names)
+        in_plan = sorted(t for t in d["costs"] if plan_parts and (nodes, t) in plan_parts)
+        g = groups.get(key)
+        if g is not None:
+            g["occurrences"] += 1
+            g["in_plan"] = sorted(set(g["in_plan"]) | set(in_plan))
+            continue
+        lo, hi = min(d["costs"].values()), max(d["costs"].values())
+        ops = list(dict.fromkeys(c.op_types))
+        groups[key] = {
+            "label": (nodes[0] if len(nodes) == 1 else f"{nodes[0]}..{nodes[-1]}")
+            + f" ({len(nodes)}: {'/'.join(ops)[:40]})",
+            "nodes": list(nodes),
+            "structural_hash": c.sub_graph.structural_hash,
+            "costs_s": dict(sorted(d["costs"].items())),
+            "fastest": min(d["costs"], key=d["costs"].get),
+            "spread": hi / lo if lo > 0 else float("inf"),
+            "occurrences": 1,
+            "in_plan": in_plan,
+        }
+    return sorted(groups.values(), key=lambda r: (-r["spread"], r["label"]))
+
+
+def plot_spread(rows: list[dict], path: Path, model: str) -> Path:
+    """Grouped horizontal bars: each sub-graph's cost per target (ms, log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = sorted({t for r in rows for t in r["costs_s"]})
+    fig, ax = plt.subplots(figsize=(8, 0.45 * max(2, len(rows)) * max(1, len(targets)) / 1.5
+                                    + 1.2))
+    h = 0.8 / max(1, len(targets))
+    for k, t in enumerate(targets):
+        ys = [i + k * h for i in range(len(rows))]
+        ax.barh(ys, [r["costs_s"].get(t, 0.0) * 1e3 for r in rows], h, label=t)
+    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(rows))],
+                  [f"{r['label'][:38]} ({r['spread']:.2f}x)" for r in rows], fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("median cost (ms, log scale)")
+    ax.set_title(f"{model}: sub-graphs by spread across toolchains", fontsize=9)
+    ax.invert_yaxis()
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def plot_bars(rows: list[tuple[str, float]], path: Path, title: str) -> Path:
