@@ -432,8 +432,11 @@ class CostRow:
 
     @property
     def seconds(self) -> float:
-        """The median for an ok row; +inf (invalid) for a failed row."""
-        if not self.ok or self.median is None or math.isnan(self.median):
+        """The median for an ok row; +inf (invalid) for a failed row, and for an "ok" row
+        whose median is not a finite, non-negative time (a hand-edited or foreign table must
+        not hand the search a negative cost, which would break Dijkstra)."""
+        if (not self.ok or self.median is None or not math.isfinite(self.median)
+                or self.median < 0):
             return math.inf
         return float(self.median)
 
