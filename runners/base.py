@@ -49,6 +49,24 @@ class Kind(str, enum.Enum):
     ANALYTIC = "analytic"  # a formula (roofline bound, host model)
 
 
+#: measurement modes (see runners.measure); old names read as their new ones
+MEASURE_MODES = ("warm", "flush", "network")
+MODE_ALIASES = {"isolated": "warm", "cache_flush": "flush"}
+#: what a row written before modes existed was measured with
+LEGACY_MODE = "warm"
+#: the default mode of new measurements, chosen by bench/additive.py (bench/results/additive-vm.md)
+DEFAULT_MODE = "warm"
+
+
+def canonical_mode(mode: str) -> str:
+    """The canonical name of a measurement mode; ValueError names the known ones."""
+    m = MODE_ALIASES.get(mode, mode)
+    if m not in MEASURE_MODES:
+        known = ", ".join((*MEASURE_MODES, *MODE_ALIASES))
+        raise ValueError(f"unknown measure mode {mode!r} ({known})")
+    return m
+
+
 @dataclass(frozen=True)
 class MeasureConfig:
     """How a measurement is taken; stored with every row so rows are comparable.
@@ -56,6 +74,14 @@ class MeasureConfig:
     Warm-up runs are discarded; then ``rounds`` rounds, each of at least ``min_round_runs`` runs
     and ``min_round_s`` seconds. The cost is the median of all samples (RFC Appendix E); a round
     whose median is more than ``outlier_ratio`` from the median of round medians is re-run once.
+
+    ``mode`` says what the caches hold when a timed run starts (`runners.measure`): ``warm``
+    (repeated runs, everything the candidate touched is still cached), ``flush`` (every cache
+    evicted before each run) or ``network`` (evicted, then the candidate's inputs read back, as
+    if its producer had just written them). ``flush_bytes`` is the size of the eviction buffer
+    (0: twice the last-level cache read from sysfs). Rows written before modes existed have no
+    ``mode`` in their JSON and read as ``warm``; ``isolated`` and ``cache_flush`` are the old
+    spellings of ``warm`` and ``flush``.
     """
 
     warmup_runs: int = 3
@@ -66,7 +92,13 @@ class MeasureConfig:
     outlier_ratio: float = 0.25
     timeout_s: float = 120.0
     threads: int = 1
-    mode: str = "isolated"  # "isolated" | "cache_flush" (see runners.measure)
+    mode: str = DEFAULT_MODE
+    flush_bytes: int = 0
+
+    @property
+    def measure_mode(self) -> str:
+        """The canonical mode (raises ValueError for an unknown one)."""
+        return canonical_mode(self.mode)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -75,7 +107,9 @@ class MeasureConfig:
     def from_json(text: str) -> MeasureConfig:
         data = json.loads(text)
         known = {f.name for f in dataclasses.fields(MeasureConfig)}
-        return MeasureConfig(**{k: v for k, v in data.items() if k in known})
+        kw = {k: v for k, v in data.items() if k in known}
+        kw.setdefault("mode", LEGACY_MODE)
+        return MeasureConfig(**kw)
 
 
 @dataclass(frozen=True)

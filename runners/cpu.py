@@ -430,6 +430,8 @@ class Prepared:
     outputs: Callable[[], dict[str, np.ndarray]] | None = None
     details: tuple[tuple[str, object], ...] = ()
     keep: list[object] = field(default_factory=list)
+    #: host arrays bound as inputs (shared with the toolchain): re-read in ``network`` mode
+    inputs: list[object] = field(default_factory=list)
 
 
 class OnnxToolchainBase(Toolchain):
@@ -504,12 +506,17 @@ class OnnxToolchainBase(Toolchain):
                 feeds: dict[str, np.ndarray] | None = None,
                 _handle: tuple[Any, bool] | None = None) -> Prepared:
         """Compile (or reuse) and bind inputs; raises on failure. Used by measure and benches."""
+        import numpy as np
+
         handle, reused = _handle or self.handle_for(build.fingerprint, build.artifact,
                                                     build.target, max(1, int(config.threads)))
         if feeds is None:
             feeds = feeds_for(build.artifact, seed_of(build.fingerprint))
+        feeds = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
         prepared = self._prepare(handle, feeds, build.target)
         prepared.details = (*prepared.details, ("handle_reused", reused))
+        if not prepared.inputs:
+            prepared.inputs = list(feeds.values())
         return prepared
 
     def measure(self, inp: MeasureInput) -> MeasureResult:
@@ -535,7 +542,8 @@ class OnnxToolchainBase(Toolchain):
             return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
                                         measure_s=time.perf_counter() - t0, **common)
         try:
-            samples, medians = time_callable(prepared.fn, config, sync=prepared.sync)
+            samples, medians = time_callable(prepared.fn, config, sync=prepared.sync,
+                                             inputs=prepared.inputs)
         except Exception as e:
             return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
                                         measure_s=time.perf_counter() - t0, **common)

@@ -6,18 +6,31 @@ the search optimises measurement artefacts. The loop follows `MeasureConfig`:
 
 * ``warmup_runs`` runs are discarded (first-run allocation, lazy kernel selection, page faults);
 * then ``rounds`` rounds; a round runs until it has at least ``min_round_runs`` samples *and* its
-  samples add up to ``min_round_s`` (timed time, so a cache flush between runs does not count);
+  samples add up to ``min_round_s`` (timed time; in the flushing modes the flushes count too,
+  or a 30 us kernel behind a 3 ms eviction would take seconds);
   every round may take ``max_samples // rounds`` samples at most, so tiny kernels stay cheap;
 * a round whose median deviates from the median of round medians by more than
   ``outlier_ratio`` is re-run once (field notes: an occasional round is +70% on a shared VM);
 * timing uses `time.perf_counter_ns`; an optional ``sync`` (device synchronisation) is inside
   the timed region, an optional ``flush`` is outside it.
 
-Mode ``"cache_flush"`` calls a flush before every timed run: a write over a buffer larger than
-the last-level cache (2x the L3 size read from sysfs, 64 MiB when unknown), the idea behind TVM's
-``enable_cpu_cache_flush``: a sub-graph inside a whole model seldom finds its weights in cache,
-so the isolated warm number is optimistic (1-18% in the field notes).
+Modes (``MeasureConfig.mode``) say what the caches hold when a timed run starts, because an
+isolated candidate run again and again finds its weights and activations cached, which a
+sub-graph inside a whole model seldom does (field notes: isolated warm runs are optimistic by
+1-18%):
 
+* ``warm`` (the old ``isolated``): nothing between runs; everything stays cached;
+* ``flush`` (the old ``cache_flush``): before every timed run, a read-modify-write over a buffer
+  of twice the last-level cache (size from sysfs; 64 MiB when unknown), TVM's
+  ``enable_cpu_cache_flush`` idea: a cold start, weights and inputs from memory;
+* ``network``: an eviction of the core's private caches (twice the L2 size), then the
+  candidate's input buffers are read back (one load per cache line), as if the partition that
+  produces them had just written them. This is a candidate inside a running network: its
+  neighbours have overwritten the core's own caches (and, in networks larger than the shared
+  last-level cache, part of that too), but its inputs are fresh. ``flush_bytes`` sets another
+  eviction size (e.g. twice the LLC for networks much larger than it).
+
+Eviction and touching happen outside the timed region, so they cost wall time, not samples.
 `pin_to_cores` pins the calling process (workers call it once at start); the median of all
 samples is the cost, `summarize` gives the statistics stored with every row.
 """
@@ -29,6 +42,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from runners.base import MeasureConfig, Summary
 
@@ -36,8 +50,11 @@ DEFAULT_FLUSH_BYTES = 64 * 1024 * 1024
 
 __all__ = [
     "CacheFlusher",
+    "InputToucher",
+    "flush_for",
     "llc_bytes",
     "pin_to_cores",
+    "private_cache_bytes",
     "summarize",
     "time_callable",
 ]
@@ -53,19 +70,31 @@ def _parse_size(text: str) -> int:
     return int(text) * mult
 
 
-def llc_bytes(default: int = DEFAULT_FLUSH_BYTES // 2) -> int:
-    """Size of the largest (last-level) data/unified cache of cpu0 from sysfs, else ``default``."""
-    best = 0
+def _cache_sizes() -> dict[int, int]:
+    """Data/unified cache size per level of cpu0 from sysfs ({} when unknown)."""
+    out: dict[int, int] = {}
     for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
         try:
             with open(os.path.join(d, "type")) as f:
                 if f.read().strip() == "Instruction":
                     continue
+            with open(os.path.join(d, "level")) as f:
+                level = int(f.read())
             with open(os.path.join(d, "size")) as f:
-                best = max(best, _parse_size(f.read()))
+                out[level] = max(out.get(level, 0), _parse_size(f.read()))
         except (OSError, ValueError):
             continue
-    return best or default
+    return out
+
+
+def llc_bytes(default: int = DEFAULT_FLUSH_BYTES // 2) -> int:
+    """Size of the largest (last-level) data/unified cache of cpu0 from sysfs, else ``default``."""
+    return max(_cache_sizes().values(), default=0) or default
+
+
+def private_cache_bytes(default: int = 1 << 20) -> int:
+    """Size of cpu0's level-2 cache (private to a core on current x86/Arm) else ``default``."""
+    return _cache_sizes().get(2, 0) or default
 
 
 class CacheFlusher:
@@ -98,46 +127,110 @@ def _default_flusher() -> CacheFlusher:
     return _DEFAULT_FLUSHER
 
 
+_FLUSHERS: dict[int, CacheFlusher] = {}
+
+
+def _flusher_of(size_bytes: int) -> CacheFlusher:
+    """One buffer per size per process (allocated once, reused by every measurement)."""
+    got = _FLUSHERS.get(size_bytes)
+    if got is None:
+        _FLUSHERS.clear()  # keep at most one explicit size alive
+        got = _FLUSHERS[size_bytes] = CacheFlusher(size_bytes)
+    return got
+
+
+class InputToucher:
+    """Reads one byte per cache line of each array: brings a producer's fresh outputs back."""
+
+    def __init__(self, arrays: Sequence[Any]) -> None:
+        import numpy as np
+
+        self._views = []
+        for a in arrays:
+            if isinstance(a, np.ndarray) and a.size and a.flags.c_contiguous:
+                self._views.append(a.reshape(-1).view(np.uint8)[::64])
+
+    def __call__(self) -> int:
+        total = 0
+        for v in self._views:
+            total += int(v.sum())  # the loads are the point; the sum keeps them
+        return total
+
+
+def flush_for(config: MeasureConfig, inputs: Sequence[Any] = ()) -> Callable[[], None] | None:
+    """The between-runs action of ``config``'s mode (None for ``warm``).
+
+    ``inputs``: the candidate's bound input arrays (numpy, sharing memory with what the
+    toolchain reads), re-read after the eviction in ``network`` mode.
+    """
+    mode = config.measure_mode
+    if mode == "warm":
+        return None
+    if mode == "flush":
+        return _flusher_of(config.flush_bytes) if config.flush_bytes > 0 else _default_flusher()
+    flusher = _flusher_of(config.flush_bytes if config.flush_bytes > 0
+                          else 2 * private_cache_bytes())
+    touch = InputToucher(inputs)
+
+    def network() -> None:
+        flusher()
+        touch()
+
+    return network
+
+
 def time_callable(
     fn: Callable[[], None],
     config: MeasureConfig,
     *,
     sync: Callable[[], None] | None = None,
     flush: Callable[[], None] | None = None,
+    inputs: Sequence[Any] = (),
 ) -> tuple[list[float], list[float]]:
     """Time ``fn`` following ``config``; returns (samples in seconds, round medians).
 
     ``sync`` runs after every call inside the timed region (device synchronisation);
-    ``flush`` runs before every timed call outside it. In ``cache_flush`` mode a default
-    `CacheFlusher` is used when no ``flush`` is given; in ``isolated`` mode ``flush`` is
-    ignored unless given explicitly.
+    ``flush`` runs before every timed call outside it. When no ``flush`` is given, the mode's
+    own action is used (`flush_for`, with ``inputs`` for ``network`` mode); in ``warm`` mode an
+    explicit ``flush`` still runs. An unknown mode raises ValueError.
     """
-    if config.mode not in ("isolated", "cache_flush"):
-        raise ValueError(f"unknown measure mode {config.mode!r} (isolated, cache_flush)")
-    if config.mode == "cache_flush" and flush is None:
-        flush = _default_flusher()
+    if flush is None:
+        flush = flush_for(config, inputs)
+    else:
+        config.measure_mode  # noqa: B018 - validates the mode
     clock = time.perf_counter_ns
     rounds = max(1, int(config.rounds))
     per_round_cap = max(1, int(config.max_samples) // rounds)
     min_runs = max(1, min(int(config.min_round_runs), per_round_cap))
     min_ns = max(0.0, float(config.min_round_s)) * 1e9
 
-    def one() -> int:
-        if flush is not None:
-            flush()
+    def one() -> tuple[int, int]:
+        """(timed ns, ns the round is charged: the timed ns, plus the flush when there is one)."""
+        if flush is None:
+            t0 = clock()
+            fn()
+            if sync is not None:
+                sync()
+            dt = clock() - t0
+            return dt, dt
+        tf = clock()
+        flush()
         t0 = clock()
         fn()
         if sync is not None:
             sync()
-        return clock() - t0
+        t1 = clock()
+        return t1 - t0, t1 - tf
 
     def one_round() -> list[int]:
+        # with a flush, ``min_round_s`` counts the flushes too: a 64 MiB eviction costs ~3 ms,
+        # so counting timed time alone would spend seconds per candidate on a 30 us kernel
         out: list[int] = []
         total = 0
         while len(out) < per_round_cap and (len(out) < min_runs or total < min_ns):
-            dt = one()
+            dt, charged = one()
             out.append(dt)
-            total += dt
+            total += charged
         return out
 
     for _ in range(max(0, int(config.warmup_runs))):
