@@ -440,12 +440,16 @@ def scale_transitions(model: TransitionModel, factor: float) -> TransitionModel:
 
 @dataclass(frozen=True)
 class TransitionSample:
-    """One row of the (future) ``transitions`` cost table, as runners will measure it.
+    """One measured transition fact, as read from the cost table's transition rows.
 
     * ``kind="transfer"``: median seconds to copy ``nbytes`` from device ``src`` to ``dst``
       (labels such as ``cpu:0``, ``cuda:1``), timed with the device's own copy API;
-    * ``kind="launch"``: median seconds of one call of an identity sub-model on ``toolchain``
-      (per-partition fixed cost: session call, driver invocation), on a ``device_kind`` device.
+    * ``kind="launch"``: a per-partition fixed cost to charge on ``toolchain`` (``device_kind``
+      device), e.g. from a datasheet or a driver trace;
+    * ``kind="handoff"``: the measured boundary excess on ``toolchain`` at ``nbytes``: two
+      identity partitions chained, minus twice one alone (`runners.transitions`): what a chain
+      of partitions costs beyond the sum of its parts. May be negative (noise, or a mode whose
+      isolated runs are pessimistic); the fit clamps what it charges at zero.
     """
 
     kind: str
@@ -463,7 +467,13 @@ class MeasuredTransitionModel(TransitionModel):
 
     Transfers: per (src, dst) label pair, latency + bytes / bandwidth fitted by least squares
     over the measured sizes (one size only: all of it is charged as bandwidth). Launches: the
-    median per (toolchain, device kind). Hand-offs come from ``fallback``.
+    median per (toolchain, device kind). Hand-off excess (``handoff`` samples) per (toolchain,
+    device kind): ``fixed + per_byte x nbytes`` by least squares; the fixed part becomes the
+    launch penalty (one more partition is one more call) unless a ``launch`` sample says
+    otherwise, and the per-byte part is split between the two sides of a boundary tensor (the
+    search charges a hand-off when it leaves one partition and when it enters the next). Both
+    are clamped at zero (the search needs non-negative penalties). Hand-offs of toolchains
+    without samples come from ``fallback``.
     """
 
     fallback: TransitionModel
@@ -471,31 +481,46 @@ class MeasuredTransitionModel(TransitionModel):
     launches: Mapping[tuple[str, str], float] = field(default_factory=dict)
     host: VirtualDevice | None = None
     label: str = "measured"
+    #: (toolchain, device kind) -> (fixed seconds, seconds per byte) of the boundary excess
+    handoffs: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
     @staticmethod
     def from_samples(samples: Iterable[TransitionSample], fallback: TransitionModel,
                      host: VirtualDevice | None = None) -> MeasuredTransitionModel:
         pts: dict[tuple[str, str], list[tuple[int, float]]] = {}
         lau: dict[tuple[str, str], list[float]] = {}
+        exc: dict[tuple[str, str], list[tuple[int, float]]] = {}
         for s in samples:
-            if not (s.seconds >= 0 and math.isfinite(s.seconds)):
+            if not math.isfinite(s.seconds):
+                continue
+            if s.kind == "handoff":
+                exc.setdefault((s.toolchain, s.device_kind), []).append((s.nbytes, s.seconds))
+                continue
+            if s.seconds < 0:
                 continue
             if s.kind == "transfer":
                 pts.setdefault((s.src, s.dst), []).append((s.nbytes, s.seconds))
             elif s.kind == "launch":
                 lau.setdefault((s.toolchain, s.device_kind), []).append(s.seconds)
             else:
-                raise ValueError(f"unknown transition sample kind {s.kind!r} (transfer, launch)")
+                raise ValueError(f"unknown transition sample kind {s.kind!r} "
+                                 "(transfer, launch, handoff)")
         links = {pair: _fit_link(p) for pair, p in pts.items()}
         launches = {k: sorted(v)[len(v) // 2] for k, v in lau.items()}
-        return MeasuredTransitionModel(fallback, links, launches, host)
+        handoffs = {k: _fit_line(p) for k, p in exc.items()}
+        for k, (fixed, _per_byte) in handoffs.items():
+            launches.setdefault(k, max(0.0, fixed))
+        return MeasuredTransitionModel(fallback, links, launches, host, handoffs=handoffs)
 
     def launch_s(self, target: Target) -> float:
         got = self.launches.get((target.toolchain, target.device.kind))
         return self.fallback.launch_s(target) if got is None else got
 
     def handoff_s(self, target: Target, nbytes: int) -> float:
-        return self.fallback.handoff_s(target, nbytes)
+        got = self.handoffs.get((target.toolchain, target.device.kind))
+        if got is None:
+            return self.fallback.handoff_s(target, nbytes)
+        return max(0.0, got[1]) * nbytes / 2.0
 
     def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
         if self.host is not None:
@@ -505,6 +530,19 @@ class MeasuredTransitionModel(TransitionModel):
             return 0.0
         link = self.links.get((src.label, dst.label))
         return self.fallback.transfer_s(src, dst, nbytes) if link is None else link.cost(nbytes)
+
+
+def _fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of seconds over bytes; one size: (median, 0)."""
+    xs = [float(b) for b, _ in points]
+    ys = [s for _, s in points]
+    n = len(points)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return sorted(ys)[n // 2], 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
 
 
 def _fit_link(points: Sequence[tuple[int, float]]) -> Link:
