@@ -1,0 +1,172 @@
+"""Plan refinement with measured moves, and the validity rules every move must keep.
+
+Real ORT and OpenVINO sessions on zoo models; invariants are asserted (every node once,
+convex partitions, acyclic order, numerics, never slower than the start beyond noise), never
+a speed-up figure.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from collage_farm import zoo
+from collage_farm.graph import DataflowGraph, load_graph
+from collage_farm.refine import (
+    NOISE_FLOOR,
+    Part,
+    PlanBuilder,
+    noise_threshold,
+    order_parts,
+    propose_moves,
+    refine,
+    to_search_result,
+    verify,
+    why_invalid,
+)
+from collage_farm.search import SearchResult
+from collage_farm.subgraph import SubGraph
+from collage_farm.target import parse_targets
+from runners.base import MeasureConfig, Summary
+
+pytest.importorskip("openvino")
+ORT, OV = parse_targets("ort-cpu,openvino-cpu")
+FAST = MeasureConfig(warmup_runs=2, rounds=3, min_round_s=0.005, min_round_runs=5)
+
+
+@pytest.fixture(scope="module")
+def mnist() -> DataflowGraph:
+    return load_graph(zoo.build("mnist"), name="mnist")
+
+
+def _cross() -> DataflowGraph:
+    """x1=Relu(X), y1=Relu(Y), x2=x1+y1, y2=y1*x1: {x1, y2} and {y1, x2} are each convex but
+    need each other's outputs (a cycle between partitions)."""
+    v = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in "XY"]
+    nodes = [
+        helper.make_node("Relu", ["X"], ["x1"], name="x1"),
+        helper.make_node("Relu", ["Y"], ["y1"], name="y1"),
+        helper.make_node("Add", ["x1", "y1"], ["x2"], name="x2"),
+        helper.make_node("Mul", ["y1", "x1"], ["y2"], name="y2"),
+    ]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x2", "y2")]
+    m = helper.make_model(helper.make_graph(nodes, "cross", v, outs),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    onnx.checker.check_model(m)
+    return load_graph(m, name="cross")
+
+
+def _idx(g: DataflowGraph, *names: str) -> int:
+    return sum(1 << g.node_by_name(n).index for n in names)
+
+
+def alternating(g: DataflowGraph) -> list[Part]:
+    return [Part(1 << i, (ORT, OV)[i % 2]) for i in range(len(g.nodes))]
+
+
+def test_validity_rules() -> None:
+    g = _cross()
+    ok = [Part(_idx(g, "x1", "y1"), ORT), Part(_idx(g, "x2", "y2"), OV)]
+    assert why_invalid(g, ok) is None
+    assert order_parts(g, list(reversed(ok))) == ok  # reordered to producers first
+    cyc = [Part(_idx(g, "x1", "y2"), ORT), Part(_idx(g, "y1", "x2"), OV)]
+    assert all(SubGraph(g, p.mask).is_convex for p in cyc)
+    assert "cycle" in (why_invalid(g, cyc) or "")
+    assert order_parts(g, cyc) is None
+    assert "two partitions" in (why_invalid(g, [*ok, Part(_idx(g, "x1"), OV)]) or "")
+    assert "no partition" in (why_invalid(g, ok[:1]) or "")
+
+
+def test_non_convex_and_pins_rejected(mnist: DataflowGraph) -> None:
+    from collage_farm.pins import Pin, PinSet
+
+    n = len(mnist.nodes)
+    # first and last node together, the middle elsewhere: a path leaves and re-enters
+    parts = [Part(1 | 1 << (n - 1), ORT), Part(mnist.all_mask & ~(1 | 1 << (n - 1)), OV)]
+    assert "not convex" in (why_invalid(mnist, parts) or "")
+    whole_ov = [Part(mnist.all_mask, OV)]
+    assert why_invalid(mnist, whole_ov) is None
+    pins = PinSet.of([Pin(op="MaxPool", target="ort-cpu")])
+    assert "pins" in (why_invalid(mnist, whole_ov, pins) or "")
+
+
+def test_every_proposed_move_keeps_the_cover(mnist: DataflowGraph) -> None:
+    # three runs of the node order: boundary nodes can move without emptying a partition
+    n = len(mnist.nodes)
+    runs = [Part(sum(1 << j for j in range(a, b)), t)
+            for a, b, t in ((0, 4, ORT), (4, 8, OV), (8, n, ORT))]
+    kinds = {m.kind for m in propose_moves(mnist, runs, [ORT, OV])}
+    assert {"merge", "switch", "move-node"} <= kinds
+    start = alternating(mnist)  # single-node partitions: a node move equals a merge (deduped)
+    moves = list(propose_moves(mnist, start, [ORT, OV]))
+    assert len({frozenset(m.parts) for m in moves}) == len(moves)
+    valid = 0
+    for m in moves:
+        covered = 0
+        for p in m.parts:
+            assert not covered & p.mask
+            covered |= p.mask
+        assert covered == mnist.all_mask
+        valid += why_invalid(mnist, m.parts) is None
+    assert valid > 0
+    # merges of different-target neighbours come first (they remove cuts)
+    assert moves[0].kind == "merge"
+
+
+def test_noise_threshold() -> None:
+    quiet = Summary(1e-3, 1e-3, 0, 1e-3, 1e-3, 1e-3, 10, 0.0)
+    assert noise_threshold(quiet, quiet, 5) == NOISE_FLOOR
+    noisy = Summary(1e-3, 1e-3, 0, 1e-3, 1e-3, 1e-3, 10, 0.10)
+    t = noise_threshold(noisy, noisy, 4)
+    assert t == pytest.approx(2.5 * math.hypot(0.1, 0.1) / 2)
+    assert noise_threshold(noisy, noisy, 16) < t
+
+
+def test_refine_real_sessions_keeps_invariants(mnist: DataflowGraph) -> None:
+    start = alternating(mnist)  # 11 partitions, a cut between every two nodes
+    b = PlanBuilder(mnist)
+    r = refine(mnist, start, [ORT, OV], trials=4, time_budget_s=60, config=FAST, builder=b)
+    assert r.stopped_by in ("trials", "exhausted", "time")
+    assert 0 < len(r.trials) <= 4
+    assert why_invalid(mnist, r.parts) is None
+    assert order_parts(mnist, r.parts) == list(r.parts)
+    b.check(b.executor(list(r.parts)))  # numerics of the refined plan
+    for t in r.trials:
+        assert t.status in ("accepted", "rejected", "failed")
+        if t.status == "accepted":  # kept only beyond noise
+            assert t.candidate_s < t.current_s * (1 - t.threshold)
+    assert r.changed == (r.accepted > 0)
+    if r.changed:  # never slower than the start beyond noise, re-measured side by side
+        v = verify(mnist, {"start": start, "refined": r.parts}, [], config=FAST, builder=b)
+        assert not v.errors
+        assert not v.beats("start", "refined")
+    assert refine(mnist, start, [ORT, OV], trials=0).stopped_by == "disabled"
+
+
+def test_verify_and_to_search_result(mnist: DataflowGraph) -> None:
+    from collage_farm.candidate import CandidatePartition
+    from collage_farm.cost import Cost
+    from collage_farm.search import PlannedPartition
+
+    start = alternating(mnist)
+    b = PlanBuilder(mnist)
+    v = verify(mnist, {"plan": start, "same": list(start)}, [ORT, OV], config=FAST, builder=b)
+    assert set(v.summaries) == {"plan", "same", "ort-cpu", "openvino-cpu"}
+    assert v.summaries["same"] is v.summaries["plan"]  # identical plans timed once
+    assert v.best_single in ("ort-cpu", "openvino-cpu")
+    base = SearchResult(tuple(PlannedPartition(CandidatePartition(SubGraph(mnist, p.mask),
+                                                                  p.target), Cost(2e-6), 1e-6)
+                              for p in start), 3e-6 * len(start), 1, 1, 1, 1, 0.1)
+    merged = [Part(start[0].mask | start[1].mask, ORT), *start[2:]]
+    res = to_search_result(mnist, merged, base,
+                           estimate=lambda cs: [Cost(5e-6) for _ in cs])
+    assert len(res.partitions) == len(merged)
+    assert res.partitions[0].cost.seconds == 5e-6 and res.partitions[0].penalty_s > 0
+    assert res.partitions[1] is base.partitions[2]  # untouched partitions keep their cost
+    assert res.total_s == pytest.approx(sum(p.cost.seconds + p.penalty_s
+                                            for p in res.partitions))
+    assert res.search_s == base.search_s
