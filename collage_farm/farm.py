@@ -87,7 +87,6 @@ from runners.base import (
     BuildInput,
     DeviceDescription,
     MeasureConfig,
-    MeasureInput,
     MeasureResult,
     Status,
 )
@@ -330,11 +329,10 @@ class RunnerActor:
                 req.config, toolchain_version=version,
             )
         device = self._device(target)
-        b = self.runner.build(req.build)
+        b, m = self.runner.run(req.build, req.config)  # one round trip to the worker
         if not b.ok:
             return MeasureResult.failed(b, b.status, b.error, req.config, device=device,
                                         toolchain_version=version, build_s=b.build_s)
-        m = self.runner.measure(MeasureInput(b, req.config))
         fill: dict[str, object] = {}
         if not m.build_s:
             fill["build_s"] = b.build_s
@@ -625,6 +623,7 @@ class _Runner:
     probe_since: float = 0.0  # when the runner failed
     next_probe: float = 0.0  # when to ping again (a restarting actor refuses calls)
     failures: int = 0
+    results: int = 0  # results this runner returned (measured here, this farm's lifetime)
 
     @property
     def name(self) -> str:
@@ -798,6 +797,13 @@ class Farm:
     def runners(self) -> list[RunnerInfo]:
         return [r.info for r in self._runners if r.info is not None and r.state != "dead"]
 
+    def results_by_node(self) -> dict[str, int]:
+        """Node id -> results its runners have returned so far (thread-safe enough: ints)."""
+        out: dict[str, int] = {}
+        for r in self._runners:
+            out[r.spec.node_id] = out.get(r.spec.node_id, 0) + r.results
+        return out
+
     def alive_runners(self, kind: str | None = None) -> int:
         return sum(1 for r in self._runners if r.state in ("healthy", "probing")
                    and (kind is None or r.kind == kind))
@@ -947,6 +953,7 @@ class Farm:
             if ref in r.inflight:
                 r.inflight.remove(ref)
             r.head_since = time.monotonic()
+            r.results += 1
             ready_out.append(res)
 
         def watchdog() -> None:

@@ -26,6 +26,7 @@ from runners.base import (
     BuildInput,
     BuildResult,
     DeviceDescription,
+    MeasureConfig,
     MeasureInput,
     MeasureResult,
     Runner,
@@ -143,6 +144,23 @@ class LocalRunner(Runner):
         except Exception as e:  # defensive: the worker API does not raise
             return MeasureResult.failed(build, Status.RUNTIME_ERROR,
                                         f"runner error: {type(e).__name__}: {e}", inp.config)
+
+    def run(self, inp: BuildInput, config: MeasureConfig) -> tuple[BuildResult, MeasureResult]:
+        """Build then measure in the worker, one round trip; the artifact stays in the worker.
+
+        What the farm calls. Same results as `build` followed by `measure`, except that the
+        returned `BuildResult` carries no artifact.
+        """
+        why = self._not_served(inp.target.toolchain)
+        if why:
+            b = BuildResult(inp.fingerprint, inp.target, Status.UNSUPPORTED, error=why)
+            return b, MeasureResult.failed(b, Status.UNSUPPORTED, why, config)
+        try:
+            return self.worker.run(inp, config, self.build_timeout_s)
+        except Exception as e:  # defensive: the worker API does not raise
+            b = BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
+                            error=f"runner error: {type(e).__name__}: {e}")
+            return b, MeasureResult.failed(b, b.status, b.error, config)
 
     def close(self) -> None:
         self.worker.close()

@@ -47,9 +47,10 @@ def test_campaign_spreads_over_two_nodes_and_survives_losing_one(
 
         def remove_when_busy() -> None:
             nonlocal removed
-            # let every runner (the worker's included) finish a few candidates first
-            deadline = time.monotonic() + 30
-            while progress.done - start_done < 9 and time.monotonic() < deadline:
+            # let the worker's runner (and so the campaign) finish a few candidates first
+            deadline = time.monotonic() + 60
+            while (farm.results_by_node().get(worker_id, 0) < 2
+                   or progress.done - start_done < 9) and time.monotonic() < deadline:
                 time.sleep(0.02)
             seen_worker.set()
             ray_cluster.remove_node(worker)

@@ -158,3 +158,26 @@ def test_describe_exit() -> None:
     assert "OOM" in describe_exit(-9)
     assert "139" in describe_exit(139) and "SIGSEGV" in describe_exit(139)
     assert describe_exit(0) == "exited with code 0"
+
+
+def test_run_keeps_the_artifact_in_the_worker_and_keeps_both_deadlines(runner: LocalRunner
+                                                                       ) -> None:
+    """`LocalRunner.run` (the farm's path) = build + measure, without shipping the artifact."""
+    inp = BuildInput("run0001", FAULTY, MODEL)
+    b, m = runner.run(inp, CFG)
+    assert b.status is Status.OK and b.artifact == b"" and m.status is Status.OK
+    ref = runner.measure(MeasureInput(runner.build(inp), CFG))
+    assert m.samples == ref.samples  # the null toolchain is deterministic per fingerprint
+    # a hang while measuring is cut at the *measure* deadline, not build + measure
+    t0 = time.perf_counter()
+    b, m = runner.run(BuildInput("hang0002", null_target(hang_on="hang", fault_phase="measure"),
+                                 MODEL), CFG)
+    assert b.status is Status.OK and m.status is Status.TIMEOUT
+    assert time.perf_counter() - t0 < CFG.timeout_s + SLACK_S
+    # a failing build is reported once, for both
+    b, m = runner.run(BuildInput("fail0003", FAULTY, MODEL, label="fail"), CFG)
+    assert b.status is Status.BUILD_FAILED and m.status is Status.BUILD_FAILED
+    # a crash while building is the crash of both; the next request finds a fresh worker
+    b, m = runner.run(BuildInput("dead0004", FAULTY, MODEL, label="dead"), CFG)
+    assert b.status is Status.CRASHED and m.status is Status.CRASHED
+    assert_serving(runner)
