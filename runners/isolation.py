@@ -50,6 +50,7 @@ from typing import Any
 from runners.base import (
     BuildInput,
     BuildResult,
+    MeasureConfig,
     MeasureInput,
     MeasureResult,
     Status,
@@ -193,6 +194,11 @@ def _child_main(conn: Any, toolchains: tuple[str, ...], cores: tuple[int, ...] |
             conn.send((seq, "error", f"result could not be sent back: {type(e).__name__}: {e}"))
 
 
+#: the child's last build (artifact included), for ``measure_kept``; one slot is enough: the farm
+#: measures a candidate right after building it
+_KEPT: list[BuildResult] = []
+
+
 def _handle(op: str, payload: Any, served: tuple[str, ...],
             status: dict[str, str | None]) -> Any:
     from runners import registry
@@ -256,6 +262,19 @@ def _handle(op: str, payload: Any, served: tuple[str, ...],
             with contextlib.suppress(Exception):
                 fill["toolchain_version"] = tc.version()
         return dataclasses.replace(mres, **fill) if fill else mres
+    if op == "build_keep":  # build, keep the artifact here, send back everything else
+        kept = _handle("build", payload, served, status)
+        _KEPT[:] = [kept]
+        return dataclasses.replace(kept, artifact=b"")
+    if op == "measure_kept":
+        fingerprint, target, config = payload
+        kept = _KEPT[0] if _KEPT else None
+        if kept is None or kept.fingerprint != fingerprint or kept.target != target:
+            return MeasureResult.failed(BuildInput(fingerprint, target, b""),
+                                        Status.RUNTIME_ERROR,
+                                        "no kept build for this candidate in the worker "
+                                        "(was it restarted?)", config)
+        return _handle("measure", MeasureInput(kept, config), served, status)
     if op == "invoke":
         name, method, args, kwargs = payload
         why = _not_served(name, served, status)
@@ -583,6 +602,37 @@ class WorkerProcess:
                                     reply.error or "worker returned no MeasureResult",
                                     inp.config, build_s=inp.build.build_s,
                                     measure_s=reply.elapsed_s)
+
+    def run(self, inp: BuildInput, config: MeasureConfig, build_timeout_s: float
+            ) -> tuple[BuildResult, MeasureResult]:
+        """Build then measure ``inp`` with the artifact kept in the child (the farm's path).
+
+        Same deadlines and results as `build` followed by `measure`, but the artifact (for
+        ONNX toolchains the whole sub-model with its weights, up to the model's size) is not
+        shipped back to the parent and out again: the child keeps its last build and the
+        measure request names it. The returned `BuildResult` has no artifact.
+        """
+        reply = self.request("build_keep", inp, build_timeout_s)
+        if reply.ok and isinstance(reply.value, BuildResult):
+            b = reply.value
+        else:
+            status = reply.status if not reply.ok else Status.BUILD_FAILED
+            if status is Status.RUNTIME_ERROR:
+                status = Status.BUILD_FAILED
+            b = BuildResult(inp.fingerprint, inp.target, status,
+                            error=reply.error or "worker returned no BuildResult",
+                            build_s=reply.elapsed_s)
+        if not b.ok:
+            return b, MeasureResult.failed(b, b.status, b.error or "build failed", config,
+                                           build_s=b.build_s)
+        reply = self.request("measure_kept", (inp.fingerprint, inp.target, config),
+                             config.timeout_s)
+        if reply.ok and isinstance(reply.value, MeasureResult):
+            return b, reply.value
+        status = reply.status if not reply.ok else Status.RUNTIME_ERROR
+        return b, MeasureResult.failed(b, status, reply.error or "worker returned no "
+                                       "MeasureResult", config, build_s=b.build_s,
+                                       measure_s=reply.elapsed_s)
 
     def invoke(self, toolchain: str, method: str, *args: Any, timeout_s: float = 120.0,
                **kwargs: Any) -> Any:
