@@ -1,0 +1,117 @@
+"""`tune` on the Ray farm: never worse than the best single toolchain, measured end to end.
+
+The losing mix is built honestly: pins put every node of mnist on the other toolchain than its
+neighbour, so the search must return eleven one-node partitions with ten ORT<->OpenVINO cuts;
+measured end to end with the whole model on each toolchain (one interleaved run), it does not
+beat the best single toolchain beyond noise, and the written plan must be that toolchain's
+whole model. Costs are real farm measurements (ORT CPU and OpenVINO runners).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collage_farm.campaign import TuneOptions, load_source, run_tune
+from collage_farm.cli import main
+from collage_farm.executor import PlanExecutor
+from collage_farm.pins import Pin, PinSet
+from collage_farm.target import parse_targets
+
+pytest.importorskip("openvino")
+
+TARGETS = "ort-cpu,openvino-cpu"
+SUMMARY_KEYS = ("estimated_total_s", "partitions", "candidates", "distinct_fingerprints",
+                "search_s", "cache_hits", "measured", "pruned", "failed", "failed_by_status",
+                "wall_s")
+NEVER_WORSE_KEYS = ("plan_measured_s", "best_single_target", "best_single_measured_s",
+                    "speedup_vs_best_single", "additive_error")
+
+
+def test_alternating_mix_is_replaced_by_the_best_single(make_farm: Any, tmp_path: Path) -> None:
+    from estimators.measured import FarmEstimator
+
+    graph = load_source("zoo:mnist")
+    targets = parse_targets(TARGETS)
+    names = [t.id for t in targets]
+    pins = PinSet.of([Pin(node=n.name, target=names[i % 2]) for i, n in enumerate(graph.nodes)])
+    farm = make_farm(toolchains=["ort-cpu", "openvino"])
+    out = tmp_path / "out"
+    est = FarmEstimator(farm, tmp_path / "costs", model="mnist", close_farm=False)
+    try:
+        s = run_tune(TuneOptions(model="zoo:mnist", targets=tuple(targets), out=out, pins=pins,
+                                 refine_trials=0, verify_rounds=5), estimator=est)
+    finally:
+        est.close()
+    for k in SUMMARY_KEYS + NEVER_WORSE_KEYS:
+        assert k in s, k
+    assert s["dijkstra_partitions"] == len(graph.nodes)  # the pins forced a cut everywhere
+    assert s["plan_is"] == "best_single", s["never_worse"]
+    assert s["best_single_target"] in names
+    assert s["partitions"] == 1
+    assert s["plan_measured_s"] == s["best_single_measured_s"]
+    assert s["speedup_vs_best_single"] == pytest.approx(1.0)
+    assert s["mix_measured_s"] == s["dijkstra_measured_s"] > 0
+    # both figures in the summary's sentence
+    assert f"{s['mix_measured_s'] * 1e3:.4f} ms" in s["never_worse"]
+    assert f"{s['best_single_measured_s'] * 1e3:.4f} ms" in s["never_worse"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert [p["target"] for p in plan["partitions"]] == [s["best_single_target"]]
+    assert len(plan["partitions"][0]["nodes"]) == len(graph.nodes)
+    assert plan["never_worse"]["plan_is"] == "best_single"
+    PlanExecutor(out).check()  # the written plan runs and matches the model
+    assert (out / "report.html").exists() and (out / "report_e2e.png").exists()
+    assert "Never worse" in (out / "report.html").read_text()
+
+
+def test_tune_cli_json_refines_and_compare_spreads(ray_cluster: Any, tmp_path: Path) -> None:
+    out, costs = tmp_path / "out", tmp_path / "costs"
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = main(["tune", "zoo:mnist", "--targets", TARGETS, "--out", str(out),
+                   "--cost-table", str(costs), "--refine-trials", "2", "--json"])
+    assert rc == 0
+    s = json.loads(buf.getvalue())
+    for k in SUMMARY_KEYS + NEVER_WORSE_KEYS:
+        assert k in s, k
+    assert s["measured"] > 0
+    assert len(s["refine"]["log"]) <= 2
+    assert s["plan_is"] in ("dijkstra", "refined", "best_single")
+    assert set(s["singles_measured_s"]) == set(TARGETS.split(","))
+    best = min(s["singles_measured_s"].values())
+    assert s["best_single_measured_s"] == best
+    if s["plan_is"] != "best_single":  # kept only when faster beyond noise
+        assert s["plan_measured_s"] < best * (1 - s["noise_threshold"]) or s["partitions"] == 1
+    assert (out / "report.html").exists()
+
+    # --no-verify: no end-to-end claim, said so; every cost is a cache hit now
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = main(["tune", "zoo:mnist", "--targets", TARGETS, "--out", str(tmp_path / "nv"),
+                   "--cost-table", str(costs), "--no-verify", "--refine-trials", "0",
+                   "--no-report", "--json"])
+    assert rc == 0
+    s2 = json.loads(buf.getvalue())
+    assert s2["measured"] == 0 and "plan_measured_s" not in s2 and "skipped" in s2["verify"]
+    assert not (tmp_path / "nv" / "report.html").exists()
+
+    # the same sub-graph across targets from the table just measured, largest spread first
+    buf = io.StringIO()
+    png = tmp_path / "spread.png"
+    with redirect_stdout(buf):
+        rc = main(["compare", "zoo:mnist", "--targets", TARGETS, "--cost-table", str(costs),
+                   "--no-whole", "--plan", str(out), "--plot", str(png), "--json"])
+    assert rc == 0
+    sp = json.loads(buf.getvalue())["subgraphs"]
+    assert sp and all(len(r["costs_s"]) == 2 for r in sp)
+    spreads = [r["spread"] for r in sp]
+    assert spreads == sorted(spreads, reverse=True) and spreads[-1] >= 1.0
+    for r in sp:
+        assert r["spread"] == pytest.approx(max(r["costs_s"].values())
+                                            / min(r["costs_s"].values()))
+    assert png.stat().st_size > 1000
