@@ -333,6 +333,8 @@ def _bind_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
         if not inp.type.HasField("tensor_type"):
             raise ModelError(
                 f"input {inp.name!r} is not a tensor (sequence/map inputs unsupported)")
+        if tt.elem_type == onnx.TensorProto.UNDEFINED:
+            raise ModelError(f"input {inp.name!r} has no element type (elem_type 0)")
         if inp.name in shapes:
             want = list(shapes[inp.name])
             if tt.HasField("shape") and len(tt.shape.dim) not in (0, len(want)):
@@ -479,6 +481,17 @@ def load_graph(
     name: str | None = None,
 ) -> DataflowGraph:
     """Load an ONNX model into a `DataflowGraph`, raising `ModelError` for anything unusable."""
+    try:
+        return _load_graph(source, shapes, name)
+    except UnicodeDecodeError as e:  # protobuf parses bad UTF-8 in strings; reading them fails
+        raise ModelError(f"model holds a name or string that is not valid UTF-8 ({e})") from None
+
+
+def _load_graph(
+    source: str | os.PathLike | bytes | onnx.ModelProto,
+    shapes: Mapping[str, Sequence[int]] | None,
+    name: str | None,
+) -> DataflowGraph:
     model = onnx.ModelProto()
     model.CopyFrom(_read_model(source))
     if name is None:
