@@ -734,6 +734,9 @@ class Farm:
             prog = Progress(enabled=progress)
         farm = cls(owns_ray=owns, depth=depth, crash_limit=crash_limit, progress=prog)
         farm._kinds = dict(kinds)
+        # the runners get it too: a Ray initialised earlier (or a cluster joined) ignores the
+        # runtime_env handed to `connect`
+        farm._runtime_env = dict(runtime_env) if runtime_env else None
         try:
             farm._launch(specs, startup_timeout_s)
         except BaseException:
@@ -758,6 +761,8 @@ class Farm:
             }
             if spec.resources:
                 opts["resources"] = dict(spec.resources)
+            if getattr(self, "_runtime_env", None):
+                opts["runtime_env"] = self._runtime_env
             actor = _RemoteRunner.options(**opts).remote(spec)
             r = _Runner(spec, actor)
             self._runners.append(r)
