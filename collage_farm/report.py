@@ -106,8 +106,11 @@ def _draw(labels: Mapping[str, str], colors: Mapping[str, str], edges: Sequence[
     xy = {n: (float(p[1]) * 2.2, -float(p[0])) for n, p in pos.items()}
     for a, b in edges:
         if a in xy and b in xy:
+            # an edge skipping layers in one column would run under the boxes: bend it
+            skip = xy[a][0] == xy[b][0] and xy[a][1] - xy[b][1] > 1
             ax.annotate("", xy=(xy[b][0], xy[b][1] + 0.2), xytext=(xy[a][0], xy[a][1] - 0.2),
-                        arrowprops={"arrowstyle": "->", "color": "#555", "lw": 0.8})
+                        arrowprops={"arrowstyle": "->", "color": "#555", "lw": 0.8,
+                                    "connectionstyle": "arc3,rad=0.5" if skip else "arc3"})
     for n in names:
         x, y = xy[n]
         ax.add_patch(FancyBboxPatch((x - 0.95, y - 0.2), 1.9, 0.4,
