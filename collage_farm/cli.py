@@ -171,6 +171,8 @@ def _print_summary(s: dict) -> None:
             line += f"; additive error {s['additive_error']:+.1%}"
         print(line)
         print(f"never worse: {s.get('never_worse', '')}")
+    elif s.get("never_worse"):
+        print(f"never worse: {s['never_worse']}")
     elif isinstance(s.get("verify"), str):
         print(f"end-to-end check {s['verify']}")
     if s.get("report"):
