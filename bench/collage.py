@@ -1,0 +1,226 @@
+"""Benchmark: does the Collage plan pay end to end on this CPU? (issue 6 goals, issue 8 goal)
+
+For each zoo model, a real farm campaign (embedded Ray, ORT CPU + OpenVINO runners, + LiteRT
+when its toolchain is available here) finds the Dijkstra plan; `tune`'s post-search step then
+refines it with measured moves and measures, in ONE interleaved run: each single toolchain's
+whole model, the Dijkstra plan, the refined plan; the final (never-worse) plan is one of them.
+ONNX Runtime's own multi-EP assignment is reported where it applies (it needs CUDA/TensorRT
+EPs; on a CPU-only onnxruntime it does not, and the table says so).
+
+Printed and written to bench/results/collage-<host>.md: per model the measured latencies side
+by side, ratios to the best single toolchain, the Dijkstra estimate and its additive error,
+the refinement gain, and the geometric-mean speed-up of the final plan over the best single.
+Goals (issue 6): final never slower than the best single beyond 3%; geomean >= 1.15x where
+toolchains differ; additive error <= 10%. Nothing is asserted: the numbers are the result.
+
+Sizes are reduced to keep the run under ~15 minutes on 2 cores (stated in the output).
+
+    flock /tmp/bench.lock python3 bench/collage.py [--only mnist,resnet18] [--refine-trials 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from collage_farm import zoo
+from collage_farm.campaign import TuneOptions, run_tune
+from collage_farm.target import parse_targets
+
+# (label, zoo name, builder options): reduced sizes, stated in the results
+CASES = [
+    ("mnist", "mnist", {}),
+    ("resnet18-64", "resnet18", {"image_size": 64}),
+    ("mobilenet_v2-96", "mobilenet_v2", {"image_size": 96}),
+    ("resnet50-64", "resnet50", {"image_size": 64}),
+    ("gpt2-2L", "gpt2", {"layers": 2}),
+    ("bert-2L", "bert", {"layers": 2}),
+]
+
+
+def _litert_available() -> str | None:
+    try:
+        from runners.registry import get_toolchain
+
+        return get_toolchain("litert").available()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def cpu_model() -> str:
+    from runners.base import DeviceDescription
+
+    return DeviceDescription.host_cpu().name
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--targets", default="ort-cpu,openvino-cpu")
+    ap.add_argument("--only", help="comma-separated labels or zoo names")
+    ap.add_argument("--refine-trials", type=int, default=6)
+    ap.add_argument("--refine-time", type=float, default=90.0)
+    ap.add_argument("--verify-rounds", type=int, default=7)
+    ap.add_argument("--cost-table", default=os.path.join(tempfile.gettempdir(),
+                                                         "collage-bench-costs"))
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # embedded, single-user benchmark Ray
+
+    tnames = args.targets.split(",")
+    why_not_litert = _litert_available()
+    if "litert-cpu" not in tnames and why_not_litert is None:
+        tnames.append("litert-cpu")
+    targets = parse_targets(",".join(tnames))
+    only = set(args.only.split(",")) if args.only else None
+    cases = [c for c in CASES if only is None or c[0] in only or c[1] in only]
+
+    from collage_farm.executor import ort_multi_ep
+    from collage_farm.farm import Farm
+    from estimators.measured import FarmEstimator
+
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    farm = Farm.start(toolchains=sorted({t.toolchain for t in targets}), progress=False)
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="collage-bench-"))
+    try:
+        for label, name, kw in cases:
+            model = zoo.build(name, **kw)
+            path = work / f"{label}.onnx"
+            import onnx
+
+            onnx.save(model, str(path))
+            multi, note = ort_multi_ep(str(path))
+            est = FarmEstimator(farm, args.cost_table, model=label, close_farm=False)
+            tc = time.perf_counter()
+            try:
+                s = run_tune(TuneOptions(model=str(path), targets=tuple(targets),
+                                         out=work / label, refine_trials=args.refine_trials,
+                                         refine_time_s=args.refine_time,
+                                         verify_rounds=args.verify_rounds, report=False),
+                             estimator=est)
+                s["error"] = ""
+            except Exception as e:
+                s = {"error": f"{type(e).__name__}: {e}"}
+            finally:
+                est.close()
+            s["label"], s["campaign_s"] = label, time.perf_counter() - tc
+            s["ort_multi_ep"] = "applies" if multi is not None else note
+            rows.append(s)
+            print(f"{label}: {s.get('never_worse') or s['error']}", flush=True)
+            # written after every model, so a run stopped by a time limit keeps what it did
+            report(rows, targets, args, time.perf_counter() - t0, load_before, why_not_litert,
+                   quiet=True)
+    finally:
+        farm.close()
+    wall = time.perf_counter() - t0
+    return report(rows, targets, args, wall, load_before, why_not_litert)
+
+
+def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: float,
+           load_before: tuple[float, ...], why_not_litert: str | None, *,
+           quiet: bool = False) -> int:
+    tids = [t.id for t in targets]
+    lines = [f"# bench/collage.py on {socket.gethostname()}", ""]
+    lines += [
+        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; CPU: {cpu_model()}, "
+        f"{os.cpu_count()} cores; load average before {tuple(round(x, 2) for x in load_before)}"
+        f", after {tuple(round(x, 2) for x in os.getloadavg())} (other jobs share this machine)",
+        f"- {platform.platform()}; Python {platform.python_version()}",
+        f"- targets: {', '.join(tids)}"
+        + ("" if "litert-cpu" in tids else f" (litert-cpu not available: {why_not_litert})"),
+        f"- farm campaign per model (embedded Ray, real measurements, cost table "
+        f"`{args.cost_table}`, cached rows reused), then `tune`'s post-search step: "
+        f"refinement <= {args.refine_trials} measured trials / {args.refine_time:.0f} s, and one "
+        f"interleaved run of {args.verify_rounds} rounds (>= 50 ms each) of every plan and "
+        f"single toolchain; 1 thread per session",
+        "- sizes reduced to fit ~15 min on 2 cores: " + ", ".join(
+            f"{c[0]} = {c[1]}({', '.join(f'{k}={v}' for k, v in c[2].items()) or 'default'})"
+            for c in CASES),
+        f"- total wall {wall:.0f} s for {len(rows)} of {len(CASES)} models", "",
+    ]
+    head = (["model", "nodes", "parts D/R/F"] + [f"{t} ms" for t in tids]
+            + ["Dijkstra ms", "refined ms", "final ms", "final is", "final vs best",
+               "Dijkstra vs best", "Dijkstra est ms", "additive err (D)", "refine gain",
+               "noise"])
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    speedups, speedups_diff = [], []
+    for s in rows:
+        if s.get("error"):
+            lines.append(f"| {s['label']} | failed: {s['error'][:200]} |")
+            continue
+        singles = s.get("singles_measured_s") or {}
+        best = s.get("best_single_measured_s")
+        final = s.get("plan_measured_s")
+        d = s.get("dijkstra_measured_s")
+        sp = best / final if best and final else None
+        if sp:
+            speedups.append(sp)
+            vals = [v for v in singles.values() if v]
+            if len(vals) > 1 and max(vals) / min(vals) > 1.03:
+                speedups_diff.append(sp)
+        parts = (f"{s.get('dijkstra_partitions')}/"
+                 f"{(s.get('refine') or {}).get('partitions_after', '-')}/{s.get('partitions')}")
+        cells = [s["label"], str(s.get("nodes")), parts]
+        cells += [_ms(singles.get(t)) for t in tids]
+        cells += [_ms(d), _ms(s.get("refined_measured_s")), _ms(final),
+                  str(s.get("plan_is")), f"{sp:.3f}x" if sp else "-",
+                  f"{best / d:.3f}x" if best and d else "-",
+                  _ms(s.get("dijkstra_estimated_s")), _pct(s.get("dijkstra_additive_error")),
+                  _pct(s.get("refine_gain")), _pct(s.get("noise_threshold"))]
+        lines.append("| " + " | ".join(cells) + " |")
+
+    def geo(xs: list[float]) -> str:
+        return f"{math.exp(sum(map(math.log, xs)) / len(xs)):.3f}x" if xs else "-"
+
+    lines += ["", f"- geomean speed-up of the final plan over the best single toolchain: "
+              f"**{geo(speedups)}** over {len(speedups)} models; where the single toolchains "
+              f"differ by > 3%: {geo(speedups_diff)} over {len(speedups_diff)}",
+              "- ORT greedy multi-EP: " + "; ".join(
+                  f"{s['label']}: {s.get('ort_multi_ep')}" for s in rows[:1]),
+              "- parts D/R/F: partitions of the Dijkstra, refined and final plans; 'final is': "
+              "which plan the never-worse rule kept; additive err (D) = (measured - "
+              "estimated) / measured for the Dijkstra plan; noise = the threshold the final "
+              "decision used (max(3%, 2.5 x combined CV / sqrt(rounds)))", ""]
+    lines += ["## Never-worse decisions", ""]
+    lines += [f"- {s['label']}: {s.get('never_worse') or s.get('error')} "
+              f"(campaign {s.get('campaign_s', 0):.0f} s, {s.get('measured', 0)} measured, "
+              f"{s.get('cache_hits', 0)} cache hits)" for s in rows]
+    lines += ["", "## Refinement trials", ""]
+    for s in rows:
+        for t in (s.get("refine") or {}).get("log", []):
+            lines.append(f"- {s['label']}: {t['description']}: {t['status']} "
+                         f"({_ms(t.get('current_s'))} -> {_ms(t.get('candidate_s'))} ms)"
+                         + (f" {t['error'][:120]}" if t.get("error") else ""))
+    text = "\n".join(lines) + "\n"
+    if not quiet:
+        print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname().split(".")[0]
+    (out / f"collage-{host}.md").write_text(text)
+    if not quiet:
+        print(f"wrote {out / f'collage-{host}.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
