@@ -170,3 +170,27 @@ def test_verify_and_to_search_result(mnist: DataflowGraph) -> None:
     assert res.total_s == pytest.approx(sum(p.cost.seconds + p.penalty_s
                                             for p in res.partitions))
     assert res.search_s == base.search_s
+
+
+def test_search_alternatives_explain_the_choice(mnist: DataflowGraph) -> None:
+    """Runner-ups: the same nodes on another target never beat the chosen partition."""
+    from collage_farm.campaign import build_specs
+    from collage_farm.rules import RuleOptions, all_candidates
+    from collage_farm.search import search
+    from estimators.mock import MockEstimator
+
+    cands = all_candidates(mnist, build_specs([ORT, OV], RuleOptions(max_depth=3)))
+    res = search(mnist, cands, MockEstimator(), lazy=False)
+    assert len(res.alternatives) == len(res.partitions)
+    seen_same = 0
+    for pp, alts in zip(res.partitions, res.alternatives):
+        assert len(alts) <= 3
+        same = [a for a in alts if a.same_nodes]
+        assert alts[:len(same)] == tuple(same)  # like-for-like first
+        for a in same:
+            seen_same += 1
+            assert a.target != pp.candidate.target.id
+            assert a.nodes == len(pp.candidate.sub_graph)
+            if a.status == "estimated":
+                assert a.cost_s + a.penalty_s >= pp.cost.seconds + pp.penalty_s - 1e-12
+    assert seen_same > 0
