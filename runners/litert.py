@@ -220,6 +220,7 @@ class LiteRTToolchain(Toolchain):
         self._handles: collections.OrderedDict[tuple, _Handle] = collections.OrderedDict()
         self._digests: dict[int, tuple[bytes, str]] = {}
         self._by_build: dict[int, tuple[BuildResult, int, _Handle]] = {}
+        self._version: str | None = None
 
     # --- Toolchain ---------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -238,15 +239,17 @@ class LiteRTToolchain(Toolchain):
         return None
 
     def version(self) -> str:
-        from importlib.metadata import PackageNotFoundError, version
+        if self._version is None:  # asked for every row: package metadata is read once
+            from importlib.metadata import PackageNotFoundError, version
 
-        parts = []
-        for pkg in ("ai-edge-litert", "ethos-u-vela"):
-            try:
-                parts.append(f"{pkg} {version(pkg)}")
-            except PackageNotFoundError:
-                parts.append(f"{pkg} ?")
-        return "; ".join(parts) + "; xnnpack default delegate; tflite_convert fp32"
+            parts = []
+            for pkg in ("ai-edge-litert", "ethos-u-vela"):
+                try:
+                    parts.append(f"{pkg} {version(pkg)}")
+                except PackageNotFoundError:
+                    parts.append(f"{pkg} ?")
+            self._version = "; ".join(parts) + "; xnnpack default delegate; tflite_convert fp32"
+        return self._version
 
     def build(self, inp: BuildInput) -> BuildResult:
         from runners.tflite_convert import ConversionError
