@@ -199,7 +199,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     try:
         result: SearchResult = search(graph, candidates, est, transition,
                                       lazy=bool(opts.prune and est.has_lower_bound))
-        if opts.estimator == "farm" and (opts.verify or opts.refine_trials > 0):
+        measured = est.label == "farm"  # costs measured on runners, not mock/table/analytic
+        if measured and (opts.verify or opts.refine_trials > 0):
             post = post_search(opts, graph, result, est, transition)
     finally:
         stats = est.stats()
@@ -260,7 +261,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     else:
         summary["verify"] = (
             f"skipped: costs from {est.label} are not measurements on this machine; run "
-            f"`collage-farm run {opts.out}` to measure the plan" if opts.estimator != "farm"
+            f"`collage-farm run {opts.out}` to measure the plan" if est.label != "farm"
             else "skipped (--no-verify, --refine-trials 0)")
     if opts.report:
         try:
