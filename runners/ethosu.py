@@ -1,0 +1,715 @@
+"""Simulated Arm Ethos-U: ONNX sub-model -> int8 TFLite -> Vela performance estimate ("vela").
+
+Why simulated: there is no Ethos-U silicon in the farm, but Vela, the compiler every Ethos-U
+deployment goes through, schedules the network for a given NPU configuration and memory system
+and reports the cycles of every operator it places on the NPU. That estimate is what an embedded
+team uses to size a model, it is deterministic, and it is the only Ethos-U cost the search can
+have without a board. Rows from this toolchain therefore say ``kind=simulated``.
+
+Build (inside the runner's worker process: Vela segfaults on malformed TFLite):
+
+1. the candidate's ONNX sub-model is converted to a full-integer int8 TFLite flatbuffer by
+   `runners.tflite_convert` (NHWC once for the whole sub-graph, per-channel int8 weights, int32
+   bias) with activation ranges from the whole fp32 model (`BuildInput.tensor_ranges`, computed
+   once per model by `runners.calibration`). A tensor without a range (a build asked for outside
+   a campaign) is calibrated on the sub-model itself, and ``details["ranges"]`` says how many;
+2. the flatbuffer is compiled in-process by Vela's C++ core, ``ethosu.regor.compile`` (what
+   ``vela`` runs for U55/U65 since 4.x), with batch 1 as the model declares it;
+3. the accelerator configuration comes from the target (``accelerator_config``: ethos-u55-32/64/
+   128/256, ethos-u65-256/512); the system configuration and memory mode are section names of
+   the ``vela.ini`` bundled with ethos-u-vela, parsed by Vela's own ``ArchitectureFeatures`` (so an
+   invalid combination fails the way ``vela`` fails). Defaults are Vela's own defaults, as in
+   `collage_farm.config.VELA_DEFAULTS`: ``Ethos_U55_High_End_Embedded`` / ``Shared_Sram`` for U55
+   (500 MHz core clock, weights in off-chip flash, activations in SRAM) and
+   ``Ethos_U65_Client_Server`` / ``Dedicated_Sram_384KB`` for U65 (1 GHz, DRAM behind a 384 KiB
+   SRAM cache). ``optimise`` is Vela's ``--optimise`` (``Performance`` by default).
+
+Cost: ``seconds = Vela total cycles / core clock of the system config`` for the NPU part, plus the
+host model below for the operators Vela leaves on the CPU. Per-operator cycles are kept in
+``details["ops"]``: Vela's per-layer rows (its optimised database: ``perf`` rows -> ``source``
+operators -> ``ext_key`` = TFLite operator index) summed per TFLite operator and mapped back to
+the ONNX node names through `ConvertedModel.op_nodes`; they add up to Vela's total exactly.
+``details["node_cycles"]`` gives the same per ONNX node (a fused Relu's cycles are its Conv's).
+
+Operators Vela cannot place on the NPU stay as "Passthrough" TFLite operators with 0 NPU cycles.
+On a real system they run on the host; they are costed with `HOST_MODEL`, an *analytic* model of
+a Cortex-M55 running CMSIS-NN int8 kernels, and that part is labelled ``analytic`` in the details
+(``details["analytic"]``) so nobody mistakes it for a Vela number. The model:
+
+* clock 400 MHz: the high-performance Cortex-M55 cores of Alif Ensemble MCUs, the first
+  production parts pairing a Cortex-M55 with an Ethos-U55 (Alif Semiconductor, "Power
+  Management" white paper: high-performance region up to 400 MHz);
+* 0.25 cycles per int8 MAC: the Cortex-M55's Helium (MVE) datapath peaks at 8 x 8-bit MACs per
+  cycle ("2x32-bit or 4x16-bit or 8x8-bit MACs/cycle", WikiChip, Cortex-M55
+  microarchitecture), and CMSIS-NN kernels are taken to reach half of that peak;
+* 0.25 cycles per byte moved (activations read and written plus weights read): the M55's 64-bit
+  internal bus moves 8 bytes per cycle at best (same source), again at half of peak;
+* 2,000 cycles per operator: TFLite Micro's interpreter dispatch and kernel prologue (order of
+  magnitude, not measured here).
+
+It is a bound-style estimate for ranking, not a simulator: a candidate that leaves heavy work on
+the host is costed as slow as it is, and one that needs the host should lose to an NPU-only one.
+
+Samples: a simulated estimate is deterministic (the same TFLite and configuration give the same
+cycles, every time), so `measure` returns the one estimate as its one sample (n=1) whatever
+`MeasureConfig` asks for; the config is still stored with the row.
+
+Capabilities: a node is taken when the converter maps it (`tflite_convert.convertible`) and the
+TFLite operator it becomes satisfies Vela's constraints for U55/U65. Vela publishes those as text
+(``ethosu.regor.tflite_operator_constraints``, the source of ``vela --supported-ops-report``), not
+as callable checks, so the numeric ones that the converter's output can violate are restated in
+`vela_why_not` from that text (ethos-u-vela 5.2.0) and a unit test confirms each by compiling: the
+accepted side lands on the NPU, the refused side becomes Passthrough. Compiling showed two of the
+texts to be off by one ("less than 65536" for Softmax H*W and "less than 4096" for a MEAN axis
+both accept the bound itself); the checks follow what Vela does. `VELA_TFLITE_OPS` lists the
+TFLite operators Vela takes; a unit test compares it with the installed Vela. Capability checks
+import nothing heavy (no Vela, no flatbuffers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from runners.base import (
+    BuildInput,
+    BuildResult,
+    Capabilities,
+    DeviceDescription,
+    Kind,
+    MeasureInput,
+    MeasureResult,
+    Status,
+    Toolchain,
+)
+
+if TYPE_CHECKING:
+    from collage_farm.graph import DataflowGraph, Node
+    from collage_farm.target import Target
+    from runners.tflite_convert import ConvertedModel
+
+__all__ = [
+    "HOST_MODEL",
+    "VELA_TFLITE_OPS",
+    "HostModel",
+    "VelaCapabilities",
+    "VelaConfig",
+    "VelaToolchain",
+    "vela_config",
+    "vela_estimate",
+    "vela_why_not",
+]
+
+#: TFLite builtin operators Vela 5.2.0 compiles for Ethos-U55/U65
+#: (``sorted(ethosu.regor.tflite_operator_constraints("EthosU55"))``, ARGMAX spelled ARG_MAX)
+VELA_TFLITE_OPS: frozenset[str] = frozenset("""
+    ABS ADD ARG_MAX AVERAGE_POOL_2D BATCH_MATMUL CONCATENATION CONV_2D DEPTHWISE_CONV_2D ELU EXP
+    EXPAND_DIMS FULLY_CONNECTED GELU HARD_SWISH LEAKY_RELU LOG LOGISTIC MAXIMUM MAX_POOL_2D MEAN
+    MINIMUM MIRROR_PAD MUL NEG PACK PAD PADV2 PRELU QUANTIZE REDUCE_MAX REDUCE_MIN RELU RELU6
+    RELU_0_TO_1 RELU_N1_TO_1 RESHAPE RESIZE_BILINEAR RESIZE_NEAREST_NEIGHBOR REVERSE_V2 RSQRT SLICE
+    SOFTMAX SPLIT SPLIT_V SQUARED_DIFFERENCE SQUEEZE STRIDED_SLICE SUB SUM TANH TILE TRANSPOSE
+    TRANSPOSE_CONV UNIDIRECTIONAL_SEQUENCE_LSTM UNPACK
+""".split())
+
+#: ONNX op -> TFLite operators the converter may emit for it (all must be in VELA_TFLITE_OPS)
+ONNX_TO_TFLITE: dict[str, tuple[str, ...]] = {
+    "Conv": ("CONV_2D", "DEPTHWISE_CONV_2D", "PAD"),
+    "MaxPool": ("MAX_POOL_2D", "PADV2"),
+    "AveragePool": ("AVERAGE_POOL_2D", "PAD"),
+    "GlobalAveragePool": ("MEAN",),
+    "GlobalMaxPool": ("REDUCE_MAX",),
+    "Add": ("ADD",),
+    "Sub": ("SUB",),
+    "Mul": ("MUL",),
+    "Div": ("MUL",),
+    "Reshape": ("RESHAPE", "TRANSPOSE"),
+    "Flatten": ("RESHAPE", "TRANSPOSE"),
+    "Squeeze": ("RESHAPE", "TRANSPOSE"),
+    "Unsqueeze": ("RESHAPE", "TRANSPOSE"),
+    "Gemm": ("FULLY_CONNECTED",),
+    "MatMul": ("FULLY_CONNECTED",),
+    "Softmax": ("SOFTMAX",),
+    "Concat": ("CONCATENATION", "QUANTIZE"),
+    "Relu": ("RELU",),
+    "Clip": ("RELU", "RELU6", "RELU_N1_TO_1", "MAXIMUM", "MINIMUM"),
+    "Sigmoid": ("LOGISTIC",),
+    "Tanh": ("TANH",),
+    "LeakyRelu": ("LEAKY_RELU",),
+    "HardSwish": ("HARD_SWISH",),
+    "Pad": ("PAD",),
+}
+
+#: Vela's "The sum of absolute weights cannot exceed 8323072" (8-bit IFM), per output channel
+MAX_ABS_WEIGHT_SUM = 8323072
+MAX_STRIDE = 3
+MAX_KERNEL_PRODUCT = 256 * 256
+MAX_KERNEL_HEIGHT = 256
+MAX_SAME_AVGPOOL_KERNEL = 8
+MAX_SOFTMAX_HW = 65536  # "product of IFM width and height must be less than 65536"; 65536 compiles
+MAX_MEAN_AXIS = 4096  # "Reduced axis must be less than 4096"; 4096 itself compiles
+MAX_MEAN_ELEMENTS = 16777216  # "Amount of reduced elements cannot exceed: 16777216(Int8)"
+MAX_TRANSPOSE_DIM = 65536  # "(H, W, C) <= (2^16, 2^16, 2^16)" for NCHW-type permutations
+
+CONVERTER_VERSION = "tflite_convert/1"
+
+
+# ----------------------------------------------------------------------------------------
+# the host model
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """Analytic cost of an int8 TFLite operator run on the host CPU (see the module docstring)."""
+
+    name: str = "Arm Cortex-M55 @ 400 MHz, CMSIS-NN int8 (analytic)"
+    clock_hz: float = 400e6
+    cycles_per_mac: float = 0.25
+    cycles_per_byte: float = 0.25
+    cycles_per_op: float = 2000.0
+
+    def cycles(self, macs: int, nbytes: int) -> float:
+        return self.cycles_per_op + macs * self.cycles_per_mac + nbytes * self.cycles_per_byte
+
+    def seconds(self, macs: int, nbytes: int) -> float:
+        return self.cycles(macs, nbytes) / self.clock_hz
+
+    def describe(self) -> dict[str, Any]:
+        return {"host": self.name, "clock_hz": self.clock_hz,
+                "cycles_per_mac": self.cycles_per_mac,
+                "cycles_per_byte": self.cycles_per_byte, "cycles_per_op": self.cycles_per_op}
+
+
+HOST_MODEL = HostModel()
+
+
+# ----------------------------------------------------------------------------------------
+# capabilities: the converter's mapping plus Vela's numeric constraints
+
+
+def _shape(graph: DataflowGraph, name: str) -> tuple[int, ...]:
+    return graph.tensors[name].shape
+
+
+def _nhwc4(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The TFLite shape padded to 4-D (N, H, W, C) the way Vela sees it."""
+    if len(shape) == 4:
+        return (shape[0], shape[2], shape[3], shape[1])
+    return (1,) * (4 - len(shape)) + tuple(shape) if len(shape) < 4 else tuple(shape)
+
+
+def _weight_sum_why(w: Any, out_axis: int) -> str | None:
+    """Vela's weight-sum limit on the int8 weights the converter writes (per-channel symmetric)."""
+    import numpy as np
+
+    a = np.abs(np.asarray(w, dtype=np.float64))
+    a = np.moveaxis(a, out_axis, 0).reshape(a.shape[out_axis], -1)
+    peak = a.max(axis=1)
+    sums = np.where(peak > 0, np.round(a / np.maximum(peak, 1e-30)[:, None] * 127).sum(axis=1), 0)
+    worst = float(sums.max()) if sums.size else 0.0
+    if worst > MAX_ABS_WEIGHT_SUM:
+        return (f"sum of absolute int8 weights {worst:.0f} exceeds Vela's limit "
+                f"{MAX_ABS_WEIGHT_SUM} for one output channel")
+    return None
+
+
+def _conv_why(node: Node, graph: DataflowGraph) -> str | None:
+    from runners.tflite_convert import _attr, _init_array, _ints, _resolve_pads
+
+    x = _shape(graph, node.inputs[0])
+    y = _shape(graph, node.outputs[0])
+    w = _init_array(graph, node.inputs[1])
+    if w is None:
+        return "weights must be a constant initializer"
+    group = int(_attr(node, "group", 1))  # type: ignore[arg-type]
+    s = _ints(_attr(node, "strides"), (1, 1))
+    d = _ints(_attr(node, "dilations"), (1, 1))
+    k_eff = tuple((w.shape[2 + i] - 1) * d[i] + 1 for i in range(2))
+    padding, _ = _resolve_pads(node, x[2:], k_eff, s, y[2:])
+    if group != 1:
+        if max(s) > MAX_STRIDE:
+            return f"depthwise stride {s} is outside Vela's range 1..{MAX_STRIDE}"
+        return _weight_sum_why(w, 0)
+    if max(s) > MAX_STRIDE and (padding != "VALID" or max(d) != 1):
+        return f"stride {s} > {MAX_STRIDE} needs dilation 1 and VALID padding on the NPU"
+    return _weight_sum_why(w, 0)
+
+
+def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
+    from runners.tflite_convert import _pool_geometry, _resolve_pads
+
+    x, y, k, s = _pool_geometry(node, graph)
+    padding, _ = _resolve_pads(node, x[2:], k, s, y[2:])
+    if max(s) > MAX_STRIDE and padding != "VALID":
+        return f"pool stride {s} > {MAX_STRIDE} needs VALID padding on the NPU"
+    if node.op_type == "AveragePool" and padding == "SAME" \
+            and max(k) > MAX_SAME_AVGPOOL_KERNEL:
+        return (f"average pool kernel {k} with SAME padding exceeds "
+                f"{MAX_SAME_AVGPOOL_KERNEL}x{MAX_SAME_AVGPOOL_KERNEL}")
+    if k[0] * k[1] > MAX_KERNEL_PRODUCT or k[0] > MAX_KERNEL_HEIGHT:
+        return f"pool kernel {k} exceeds Vela's limits (product 65536, height 256)"
+    return None
+
+
+def _gemm_why(node: Node, graph: DataflowGraph) -> str | None:
+    from runners.tflite_convert import _attr, _init_array
+
+    b = _init_array(graph, node.inputs[1])
+    if b is None:
+        return "weights (B) must be a constant initializer"
+    trans_b = node.op_type == "Gemm" and int(_attr(node, "transB", 0))  # type: ignore[arg-type]
+    return _weight_sum_why(b, 0 if trans_b else 1)  # output channels of B
+
+
+def _softmax_why(node: Node, graph: DataflowGraph) -> str | None:
+    _, h, w, _ = _nhwc4(_shape(graph, node.inputs[0]))[-4:]
+    if h * w > MAX_SOFTMAX_HW:
+        return f"softmax input H*W = {h * w} exceeds {MAX_SOFTMAX_HW}"
+    return None
+
+
+def _global_pool_why(node: Node, graph: DataflowGraph) -> str | None:
+    n, _, h, w = _shape(graph, node.inputs[0])
+    if node.op_type == "GlobalAveragePool":
+        if n != 1:
+            return f"MEAN needs batch 1 (batch {n})"
+        if h > MAX_MEAN_AXIS or w > MAX_MEAN_AXIS:
+            return f"MEAN reduced axis ({h}, {w}) exceeds {MAX_MEAN_AXIS}"
+        if h * w > MAX_MEAN_ELEMENTS:
+            return f"MEAN over {h * w} elements exceeds {MAX_MEAN_ELEMENTS}"
+    return None
+
+
+def _reshape_why(node: Node, graph: DataflowGraph) -> str | None:
+    from runners.tflite_convert import _layout_noop
+
+    for t in (node.inputs[0], node.outputs[0]):
+        shape = _shape(graph, t)
+        if len(shape) == 4 and not _layout_noop(shape) and max(shape) > MAX_TRANSPOSE_DIM:
+            return f"layout transpose of {shape} exceeds Vela's 2^16 per-axis limit"
+    return None
+
+
+_VELA_CHECKS = {
+    "Conv": _conv_why,
+    "MaxPool": _pool_why,
+    "AveragePool": _pool_why,
+    "Gemm": _gemm_why,
+    "MatMul": _gemm_why,
+    "Softmax": _softmax_why,
+    "GlobalAveragePool": _global_pool_why,
+    "GlobalMaxPool": _global_pool_why,
+    "Reshape": _reshape_why,
+    "Flatten": _reshape_why,
+    "Squeeze": _reshape_why,
+    "Unsqueeze": _reshape_why,
+}
+
+
+def vela_why_not(node: Node, graph: DataflowGraph) -> str | None:
+    """None when the TFLite operators this node becomes satisfy Vela's U55/U65 constraints.
+
+    Assumes `tflite_convert.convertible` accepted the node. Never raises.
+    """
+    ops = ONNX_TO_TFLITE.get(node.op_type)
+    if ops is None:
+        return f"no Vela mapping for {node.op_type}"
+    missing = [o for o in ops if o not in VELA_TFLITE_OPS]
+    if missing:
+        return f"Vela does not compile {', '.join(missing)}"
+    check = _VELA_CHECKS.get(node.op_type)
+    if check is None:
+        return None
+    try:
+        return check(node, graph)
+    except Exception as e:  # a malformed node reads as unsupported
+        return f"cannot inspect node ({type(e).__name__}: {e})"
+
+
+class VelaCapabilities(Capabilities):
+    """Nodes the converter maps to int8 TFLite and Vela places on the NPU."""
+
+    style = "graph"
+
+    def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
+        from runners.tflite_convert import convertible
+
+        why = convertible(node, graph)
+        if why is not None:
+            return why
+        return vela_why_not(node, graph)
+
+
+# ----------------------------------------------------------------------------------------
+# Vela configuration
+
+
+@dataclass(frozen=True)
+class VelaConfig:
+    """Everything Vela is told, resolved through Vela's own ArchitectureFeatures."""
+
+    accelerator_config: str  # "ethos-u55-128"
+    system_config: str  # vela.ini System_Config section
+    memory_mode: str  # vela.ini Memory_Mode section
+    optimise: str  # "Performance" | "Size"
+    clock_hz: float  # core_clock of the system config
+    macs: int  # MACs per cycle per core
+    cores: int
+    arena_cache_size: int
+    ini_path: str
+
+    @property
+    def regor_accelerator(self) -> str:
+        """Vela's ``ethos-u55-128`` -> regor's ``EthosU55`` (as ``vela.main`` does it)."""
+        parts = self.accelerator_config.split("-")[:-1]
+        return "".join(p.capitalize() for p in parts)
+
+    def describe(self) -> str:
+        return (f"{self.system_config} / {self.memory_mode} @ {self.clock_hz / 1e6:g} MHz"
+                f", optimise {self.optimise}")
+
+
+def _vela_ini() -> str:
+    from collage_farm.config import vela_ini_path
+
+    p = vela_ini_path()
+    if p is None:
+        raise RuntimeError("ethos-u-vela's bundled vela.ini was not found")
+    return str(p)
+
+
+@lru_cache(maxsize=32)
+def _vela_config(accelerator: str, system_config: str, memory_mode: str,
+                 optimise: str) -> VelaConfig:
+    from ethosu.vela.architecture_features import ArchitectureFeatures
+
+    ini = _vela_ini()
+    with _captured_output():  # Vela prints notes on stdout
+        arch = ArchitectureFeatures(
+            vela_config_files=[ini], system_config=system_config, memory_mode=memory_mode,
+            accelerator_config=accelerator, max_blockdep=ArchitectureFeatures.MAX_BLOCKDEP,
+            verbose_config=False, arena_cache_size=None)
+    return VelaConfig(
+        accelerator_config=accelerator, system_config=arch.system_config,
+        memory_mode=arch.memory_mode, optimise=optimise, clock_hz=float(arch.core_clock),
+        macs=int(arch.num_macs_per_cycle), cores=int(arch.ncores),
+        arena_cache_size=int(arch.arena_cache_size), ini_path=ini)
+
+
+def vela_config(target: Target) -> VelaConfig:
+    """The target's Vela configuration with Vela's defaults filled in (see the docstring).
+
+    Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
+    """
+    from collage_farm.config import VELA_DEFAULTS
+
+    accel = str(target.option("accelerator_config", target.name) or target.name)
+    family = "u65" if accel.startswith("ethos-u65") else "u55"
+    system = str(target.option("system_config", None) or VELA_DEFAULTS[family][0])
+    mode = str(target.option("memory_mode", None) or VELA_DEFAULTS[family][1])
+    optimise = str(target.option("optimise", None) or "Performance")
+    return _vela_config(accel, system, mode, optimise)
+
+
+@contextlib.contextmanager
+def _captured_output() -> Iterator[list[str]]:
+    """Redirect fds 1 and 2 (Vela's C++ core prints there) into a buffer; yields [text]."""
+    import sys
+
+    out: list[str] = []
+    for s in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            s.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        try:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            yield out
+        finally:
+            for s in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    s.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            tmp.seek(0)
+            out.append(tmp.read().decode(errors="replace"))
+
+
+# ----------------------------------------------------------------------------------------
+# compile and read the estimate
+
+
+def _compile(tflite: bytes, cfg: VelaConfig) -> tuple[Any, str]:
+    """Vela's in-process compile (what ``vela.main`` does for U55/U65); returns (model, log)."""
+    from ethosu import regor
+
+    with open(cfg.ini_path) as f:
+        ini = f.read()
+    system = (f"[architecture]\nmacs={cfg.macs}\ncores={cfg.cores}\n"
+              f"[vela]\nsystem_config_name={cfg.system_config}\n"
+              f"memory_mode_name={cfg.memory_mode}\n{ini}")
+    options = ("\n[compiler]\nenable_db=true\noutput_format=TFLite\ncop_format=COP1\n"
+               f"\n[scheduler]\noptimize={cfg.optimise}\n"
+               f"arena_size_limit={cfg.arena_cache_size}\n")
+    with _captured_output() as log:
+        compiled = regor.compile(cfg.regor_accelerator, tflite, "TFLITE", system,
+                                 options=options, verbose=False)
+    return compiled, (log[0] if log else "")
+
+
+def _table(db: Any, name: str) -> list[dict[str, str]]:
+    t = db.tables.get(name) if db is not None else None
+    if t is None:
+        return []
+    header = list(t.header)
+    return [dict(zip(header, row)) for row in t.data]
+
+
+def _int(v: object) -> int:
+    try:
+        return int(str(v))
+    except ValueError:
+        return 0
+
+
+def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = None,
+                  host: HostModel = HOST_MODEL) -> dict[str, Any]:
+    """Compile ``tflite`` with Vela and turn its report into the cost and its details.
+
+    ``conv`` (the converter's result for this TFLite) names the ONNX nodes of every TFLite
+    operator and gives the MAC / byte counts the host model needs; without it, operators are
+    named by index and Passthrough operators cost the host model's per-operator overhead only.
+    """
+    compiled, log = _compile(tflite, cfg)
+    report = compiled.perf_report
+    db = compiled.opt_database
+    ext_of = {r.get("id"): _int(r.get("ext_key", -1)) for r in _table(db, "source")}
+    infos = {o.index: o for o in conv.ops} if conv is not None else {}
+    ops: dict[int, dict[str, Any]] = {}
+
+    def op_record(index: int) -> dict[str, Any]:
+        rec = ops.get(index)
+        if rec is None:
+            info = infos.get(index)
+            rec = {"index": index, "op": info.op if info else "?",
+                   "nodes": list(info.nodes) if info else [], "target": "npu",
+                   "cycles": 0, "npu_cycles": 0, "macs": 0, "vela_ops": []}
+            ops[index] = rec
+        return rec
+
+    for index in infos:
+        op_record(index)
+    for row in _table(db, "perf"):
+        index = ext_of.get(row.get("source_id"), -1)
+        rec = op_record(index)
+        kind = row.get("operator", "")
+        if kind == "Passthrough":
+            rec["target"] = "cpu"
+        rec["cycles"] += _int(row.get("op_cycles", 0))
+        rec["npu_cycles"] += _int(row.get("npu_cycles", 0))
+        rec["macs"] += _int(row.get("mac_count", 0))
+        if kind not in rec["vela_ops"]:
+            rec["vela_ops"].append(kind)
+    total = int(report.totalCycles)
+    npu_s = total / cfg.clock_hz
+    host_s = 0.0
+    host_ops = []
+    for rec in ops.values():
+        if rec["target"] != "cpu":
+            continue
+        info = infos.get(rec["index"])
+        macs, nbytes = (info.macs, info.bytes) if info else (0, 0)
+        cycles = host.cycles(macs, nbytes)
+        rec["host_cycles"] = cycles
+        rec["host_s"] = cycles / host.clock_hz
+        rec["cost_source"] = "analytic"
+        host_s += rec["host_s"]
+        host_ops.append(rec["index"])
+    node_cycles: dict[str, int] = {}
+    for rec in ops.values():
+        for i, name in enumerate(rec["nodes"]):
+            node_cycles[name] = node_cycles.get(name, 0) + (rec["cycles"] if i == 0 else 0)
+    warnings = "\n".join(ln for ln in log.splitlines() if ln.strip())
+    return {
+        "seconds": npu_s + host_s,
+        "npu_s": npu_s,
+        "host_s": host_s,
+        "total_cycles": total,
+        "npu_cycles": int(report.npuCycles),
+        "clock_hz": cfg.clock_hz,
+        "mac_count": int(report.macCount),
+        "npu_ops": int(report.npuOps),
+        "cpu_ops": int(report.cpuOps),
+        "ops": [ops[i] for i in sorted(ops)],
+        "node_cycles": node_cycles,
+        "analytic": {**host.describe(), "ops": host_ops, "seconds": host_s}
+        if host_ops else {},
+        "vela_tflite_bytes": len(compiled.model) if hasattr(compiled, "model") else 0,
+        "vela_log": warnings[-4000:],
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# the toolchain
+
+
+def _ranges_for(graph: DataflowGraph, given: Mapping[str, tuple[float, float]]
+                ) -> tuple[dict[str, tuple[float, float]], int]:
+    """The given ranges, with any float tensor that lacks one calibrated on the sub-model."""
+    from runners.calibration import calibrate
+
+    need = set(graph.graph_inputs) | {o for n in graph.nodes for o in n.outputs if o}
+    missing = [t for t in need if t not in given]
+    if not missing:
+        return dict(given), 0
+    own = calibrate(graph)
+    out = dict(given)
+    filled = 0
+    for t in missing:
+        if t in own:
+            out[t] = own[t]
+            filled += 1
+    return out, filled
+
+
+class VelaToolchain(Toolchain):
+    """ONNX -> int8 TFLite -> Vela estimate; see the module docstring."""
+
+    name = "vela"
+    device_kind = "ethos-u"
+    kind = Kind.SIMULATED
+
+    def __init__(self, host: HostModel = HOST_MODEL) -> None:
+        self.host = host
+
+    def capabilities(self) -> Capabilities:
+        return VelaCapabilities()
+
+    def available(self) -> str | None:
+        try:
+            import flatbuffers  # noqa: F401
+            from ethosu import regor  # noqa: F401
+            from ethosu.vela.architecture_features import ArchitectureFeatures  # noqa: F401
+            from ethosu.vela.tflite import Model  # noqa: F401
+        except ImportError as e:
+            return f"ethos-u-vela is not installed ({e})"
+        try:
+            _vela_ini()
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+    def version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("ethos-u-vela")
+        except PackageNotFoundError:
+            v = "missing"
+        return f"ethos-u-vela {v}; {CONVERTER_VERSION}"
+
+    def device_description(self, target: Target) -> DeviceDescription:
+        try:
+            cfg = vela_config(target)
+        except Exception as e:
+            accel = str(target.option("accelerator_config", target.name))
+            return DeviceDescription("ethos-u", accel, config=f"invalid config: {e}")
+        return DeviceDescription("ethos-u", cfg.accelerator_config, cores=cfg.cores,
+                                 driver="simulated (Vela)", config=cfg.describe())
+
+    # --- build ---------------------------------------------------------------------------
+    def build(self, inp: BuildInput) -> BuildResult:
+        t0 = time.perf_counter()
+
+        def failed(status: Status, error: str) -> BuildResult:
+            return BuildResult(inp.fingerprint, inp.target, status, error=error,
+                               build_s=time.perf_counter() - t0)
+
+        try:
+            from collage_farm.graph import load_graph
+            from runners.tflite_convert import ConversionError, UnsupportedOp, convert
+
+            graph = load_graph(inp.onnx_bytes)
+        except Exception as e:
+            return failed(Status.BUILD_FAILED, f"cannot load the ONNX sub-model: "
+                                               f"{type(e).__name__}: {e}")
+        caps = VelaCapabilities()
+        for node in graph.nodes:
+            why = caps.why_not(node, graph)
+            if why is not None:
+                return failed(Status.UNSUPPORTED, f"{node.op_type} node {node.name!r}: {why}")
+        try:
+            cfg = vela_config(inp.target)
+        except Exception as e:
+            return failed(Status.BUILD_FAILED, f"Vela configuration: {type(e).__name__}: {e}")
+        given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
+        try:
+            ranges, filled = _ranges_for(graph, given)
+            conv = convert(graph, "int8", ranges)
+        except UnsupportedOp as e:
+            return failed(Status.UNSUPPORTED, str(e))
+        except ConversionError as e:
+            return failed(Status.BUILD_FAILED, f"int8 TFLite conversion: {e}")
+        except Exception as e:
+            return failed(Status.BUILD_FAILED, f"int8 TFLite conversion: "
+                                               f"{type(e).__name__}: {e}")
+        try:
+            est = vela_estimate(conv.tflite, cfg, conv, self.host)
+        except Exception as e:  # Vela raises RuntimeError / VelaError on what it rejects
+            return failed(Status.BUILD_FAILED, f"Vela: {type(e).__name__}: {e}")
+        est["ranges"] = ("whole model" if not filled else
+                         f"whole model; {filled} tensor(s) calibrated on the sub-model")
+        est["tflite_bytes"] = len(conv.tflite)
+        est["config"] = cfg.describe()
+        est["accelerator_config"] = cfg.accelerator_config
+        return BuildResult(
+            inp.fingerprint, inp.target, Status.OK, artifact=conv.tflite,
+            artifact_kind="tflite", build_s=time.perf_counter() - t0,
+            details=(("vela", est), ("label", inp.label)),
+        )
+
+    # --- measure -------------------------------------------------------------------------
+    def measure(self, inp: MeasureInput) -> MeasureResult:
+        """The build's Vela estimate as one sample; recompiles the artifact when it has none."""
+        from runners.measure import summarize
+
+        t0 = time.perf_counter()
+        build, config = inp.build, inp.config
+        common: dict[str, Any] = dict(kind=self.kind, device=self.device_description(build.target),
+                                      toolchain_version=self.version(), build_s=build.build_s)
+        if not build.ok:
+            return MeasureResult.failed(build, build.status, build.error or "build failed",
+                                        config, **common)
+        est = build.detail("vela")
+        if not isinstance(est, dict):
+            try:
+                cfg = vela_config(build.target)
+                est = vela_estimate(build.artifact, cfg, None, self.host)
+            except Exception as e:
+                return MeasureResult.failed(build, Status.RUNTIME_ERROR,
+                                            f"Vela: {type(e).__name__}: {e}", config,
+                                            measure_s=time.perf_counter() - t0, **common)
+        seconds = float(est["seconds"])
+        if not (math.isfinite(seconds) and seconds > 0):
+            return MeasureResult.failed(build, Status.RUNTIME_ERROR,
+                                        f"Vela estimate is not a positive time ({seconds})",
+                                        config, measure_s=time.perf_counter() - t0, **common)
+        details = {k: v for k, v in est.items() if k != "vela_log"}
+        details["estimate"] = "simulated: Vela cycles / clock" + (
+            " + analytic host model" if est.get("analytic") else "")
+        if est.get("vela_log"):
+            details["vela_log"] = est["vela_log"][-1000:]
+        return MeasureResult(
+            fingerprint=build.fingerprint, target=build.target, status=Status.OK, config=config,
+            samples=(seconds,), summary=summarize((seconds,)), measure_s=time.perf_counter() - t0,
+            details=tuple(sorted(details.items())), **common,
+        )
