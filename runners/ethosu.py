@@ -47,8 +47,11 @@ a Cortex-M55 running CMSIS-NN int8 kernels, and that part is labelled ``analytic
 * 2,000 cycles per operator: TFLite Micro's interpreter dispatch and kernel prologue (order of
   magnitude, not measured here).
 
-It is a bound-style estimate for ranking, not a simulator: a candidate that leaves heavy work on
-the host is costed as slow as it is, and one that needs the host should lose to an NPU-only one.
+It is an estimate for ranking, not a simulator: a candidate that leaves heavy work on the host
+is costed as slow as an M-class core makes it, so an NPU-only candidate wins when one exists. The
+same model is used for U65 systems, whose host is an application processor (Cortex-A class): it
+overstates that host's cost, in the same direction. Hand-offs between NPU and host inside one
+candidate are not costed separately.
 
 Samples: a simulated estimate is deterministic (the same TFLite and configuration give the same
 cycles, every time), so `measure` returns the one estimate as its one sample (n=1) whatever
@@ -204,10 +207,22 @@ def _nhwc4(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (1,) * (4 - len(shape)) + tuple(shape) if len(shape) < 4 else tuple(shape)
 
 
-def _weight_sum_why(w: Any, out_axis: int) -> str | None:
-    """Vela's weight-sum limit on the int8 weights the converter writes (per-channel symmetric)."""
+def _weight_sum_why(graph: DataflowGraph, name: str, out_axis: int) -> str | None:
+    """Vela's weight-sum limit on the int8 weights the converter writes (per-channel symmetric).
+
+    Per output channel the int8 weights sum to at most 127 x (weights per channel), so the
+    initializer is only read when that bound passes the limit (K > 65536): the check is free for
+    ordinary layers and costs one pass over the data for the rare huge ones.
+    """
+    from runners.tflite_convert import _init_array
+
+    dims = tuple(graph.initializers[name].dims)
+    per_channel = math.prod(dims) // max(dims[out_axis], 1)
+    if 127 * per_channel <= MAX_ABS_WEIGHT_SUM:
+        return None
     import numpy as np
 
+    w = _init_array(graph, name)
     a = np.abs(np.asarray(w, dtype=np.float64))
     a = np.moveaxis(a, out_axis, 0).reshape(a.shape[out_axis], -1)
     peak = a.max(axis=1)
@@ -220,25 +235,25 @@ def _weight_sum_why(w: Any, out_axis: int) -> str | None:
 
 
 def _conv_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite_convert import _attr, _init_array, _ints, _resolve_pads
+    from runners.tflite_convert import _attr, _ints, _resolve_pads
 
     x = _shape(graph, node.inputs[0])
     y = _shape(graph, node.outputs[0])
-    w = _init_array(graph, node.inputs[1])
-    if w is None:
+    if node.inputs[1] not in graph.initializers:
         return "weights must be a constant initializer"
+    wshape = tuple(graph.initializers[node.inputs[1]].dims)
     group = int(_attr(node, "group", 1))  # type: ignore[arg-type]
     s = _ints(_attr(node, "strides"), (1, 1))
     d = _ints(_attr(node, "dilations"), (1, 1))
-    k_eff = tuple((w.shape[2 + i] - 1) * d[i] + 1 for i in range(2))
+    k_eff = tuple((wshape[2 + i] - 1) * d[i] + 1 for i in range(2))
     padding, _ = _resolve_pads(node, x[2:], k_eff, s, y[2:])
     if group != 1:
         if max(s) > MAX_STRIDE:
             return f"depthwise stride {s} is outside Vela's range 1..{MAX_STRIDE}"
-        return _weight_sum_why(w, 0)
+        return _weight_sum_why(graph, node.inputs[1], 0)
     if max(s) > MAX_STRIDE and (padding != "VALID" or max(d) != 1):
         return f"stride {s} > {MAX_STRIDE} needs dilation 1 and VALID padding on the NPU"
-    return _weight_sum_why(w, 0)
+    return _weight_sum_why(graph, node.inputs[1], 0)
 
 
 def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
@@ -258,13 +273,12 @@ def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
 
 
 def _gemm_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite_convert import _attr, _init_array
+    from runners.tflite_convert import _attr
 
-    b = _init_array(graph, node.inputs[1])
-    if b is None:
+    if node.inputs[1] not in graph.initializers:
         return "weights (B) must be a constant initializer"
     trans_b = node.op_type == "Gemm" and int(_attr(node, "transB", 0))  # type: ignore[arg-type]
-    return _weight_sum_why(b, 0 if trans_b else 1)  # output channels of B
+    return _weight_sum_why(graph, node.inputs[1], 0 if trans_b else 1)  # B's output axis
 
 
 def _softmax_why(node: Node, graph: DataflowGraph) -> str | None:

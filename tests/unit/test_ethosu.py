@@ -225,9 +225,15 @@ def test_vela_constraints_match_what_vela_does(case: str) -> None:
 
 
 def test_per_op_cycles_sum_to_total_and_name_onnx_nodes(mnist: DataflowGraph) -> None:
-    g = load_graph(zoo.build("resnet18", image_size=32, num_classes=10))
-    block = SubGraph.of(g, [n.index for n in g.nodes if n.name.startswith("layer2.0/")])
-    for model in (mnist, load_graph(block.extract())):
+    blocks = []
+    for name, kw, prefix in (
+            ("resnet18", {"image_size": 32, "num_classes": 10}, "layer2.0/"),
+            ("mobilenet_v2", {"image_size": 32, "width_mult": 0.5, "num_classes": 10},
+             "features.3/")):
+        g = load_graph(zoo.build(name, **kw))
+        sg = SubGraph.of(g, [n.index for n in g.nodes if n.name.startswith(prefix)])
+        blocks.append(load_graph(sg.extract()))
+    for model in (mnist, *blocks):
         est = _estimate(model)
         assert sum(op["cycles"] for op in est["ops"]) == est["total_cycles"] > 0
         assert sum(est["node_cycles"].values()) == est["total_cycles"]
