@@ -10,9 +10,18 @@ plan (phase 4). Estimators are picked by the caller:
 * ``offline``: the cost table only (no Ray), optionally filling gaps analytically;
 * ``mock``: deterministic fake costs, labelled as such everywhere they appear.
 
+After the search, a measured campaign (farm costs) does not trust the sum of isolated costs
+(`post_search`): it refines the plan with measured local moves (`collage_farm.refine`) and then
+times the Dijkstra plan, the refined plan and every searched target's whole model in one
+interleaved run; the mix is written only if it beats the best single toolchain beyond noise,
+else that toolchain's whole model is (never worse). Mock and offline campaigns skip this and
+say so. Every campaign writes ``report.html`` beside the plan unless told not to.
+
 The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
 keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
-``search_s`` and the campaign statistics.
+``search_s`` and the campaign statistics; measured campaigns add ``plan_measured_s``,
+``best_single_target``, ``best_single_measured_s``, ``speedup_vs_best_single``,
+``additive_error`` and the other figures of `post_search`.
 """
 
 from __future__ import annotations
