@@ -8,6 +8,13 @@ in reverse post-DFS order, each on the layer of its longest path from a source, 
 arrows in matplotlib); above `MAX_DRAWN_NODES` nodes, partitions are drawn as blocks instead.
 The campaign calls `write_report(plan_dir, summary, measured)` after ``tune``; ``collage-farm
 run --report`` calls it with the measured end-to-end numbers.
+
+What it shows is what a reader needs to trust or question a plan (Collage RFC, Appendix G):
+per partition its nodes, target, estimated and measured cost and the search's runner-up there
+(plan.json ``runner_ups``: the same nodes on another target first, so "why it won" is a
+like-for-like comparison); the campaign's statistics; and, for measured campaigns, the
+end-to-end figures (additive error, apparent loss), the never-worse decision with both
+latencies and every refinement trial.
 """
 
 from __future__ import annotations
