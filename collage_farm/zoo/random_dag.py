@@ -328,7 +328,10 @@ def random_dag(seed: int = 0, n_nodes: int = 24, *, max_inputs: int = 2,
         # finishing step: one node that lowers `need` by exactly one (or keeps it at 0)
         pending = st.dangling_inputs + st.dangling
         if len(pending) >= 2 and merge:
-            x, y = pending[0], pending[1 + int(rng.integers(len(pending) - 1))]
+            # x is the oldest pending tensor (an input while any is unconsumed); with two or
+            # more inputs pending, y must be one too, or `need` is not lowered (seed 840328)
+            rest = st.dangling_inputs[1:] if len(st.dangling_inputs) >= 2 else pending[1:]
+            x, y = pending[0], rest[int(rng.integers(len(rest)))]
             _binary(st, x, y, force="Max")
         else:
             _unary(st, pending[0] if pending else st.order[-1], force="Tanh")
