@@ -75,8 +75,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--targets", default="ort-cpu,openvino-cpu")
     ap.add_argument("--only", help="comma-separated labels or zoo names")
-    ap.add_argument("--refine-trials", type=int, default=6)
-    ap.add_argument("--refine-time", type=float, default=90.0)
+    ap.add_argument("--refine-trials", type=int, default=4)
+    ap.add_argument("--refine-time", type=float, default=60.0)
     ap.add_argument("--verify-rounds", type=int, default=7)
     ap.add_argument("--cost-table", default=os.path.join(tempfile.gettempdir(),
                                                          "collage-bench-costs"))
