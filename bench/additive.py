@@ -49,6 +49,7 @@ from collage_farm.transition import (
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator
 from runners.base import BuildInput, MeasureConfig, MeasureInput
+from runners.measure import llc_bytes, network_flush_bytes
 from runners.registry import get_toolchain
 
 CASES = [
@@ -107,8 +108,9 @@ def memory_bound_probe(modes: Sequence[str]) -> dict[str, dict[str, float]]:
     for t in parse_targets("ort-cpu,openvino-cpu"):
         tc = get_toolchain(t.toolchain)
         b = tc.build(BuildInput("ab0002048", t, m.SerializeToString()))
-        out[t.id] = {mode: tc.measure(MeasureInput(b, MeasureConfig(mode=mode))).seconds
-                     for mode in modes}
+        out[t.id] = {mode: tc.measure(MeasureInput(b, MeasureConfig(
+            mode=mode.split("-")[0], flush_bytes=2 * llc_bytes() if "-" in mode else 0)
+        )).seconds for mode in modes}
     return out
 
 
@@ -121,8 +123,13 @@ def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Pat
     rows = []
     label = name + (f"-{kw['layers']}L" if "layers" in kw else
                     f"-{kw['image_size']}px" if "image_size" in kw else "")
+    working_set = sum(t.nbytes for t in graph.tensors.values())
     for mode in modes:
-        config = MeasureConfig(mode=mode)
+        if mode == "network-model":  # network mode, eviction sized by the model's bytes
+            config = MeasureConfig(mode="network",
+                                   flush_bytes=network_flush_bytes(working_set))
+        else:
+            config = MeasureConfig(mode=mode)
         est = InProcessEstimator(config, name)
         table = work / f"costs-{mode}"
         measured = measured_transition_model(table, targets, measure=True, config=config)
@@ -167,7 +174,8 @@ def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Pat
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", help="comma-separated zoo model names")
-    ap.add_argument("--modes", default="warm,flush,network")
+    ap.add_argument("--modes", default="warm,flush,network,network-model",
+                    help="network-model: network mode evicting the model's working set")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     modes = args.modes.split(",")

@@ -53,6 +53,7 @@ __all__ = [
     "InputToucher",
     "flush_for",
     "llc_bytes",
+    "network_flush_bytes",
     "pin_to_cores",
     "private_cache_bytes",
     "summarize",
@@ -125,6 +126,18 @@ def _default_flusher() -> CacheFlusher:
     if _DEFAULT_FLUSHER is None:
         _DEFAULT_FLUSHER = CacheFlusher()
     return _DEFAULT_FLUSHER
+
+
+def network_flush_bytes(working_set_bytes: int) -> int:
+    """Eviction size for ``network`` mode inside a model touching ``working_set_bytes``.
+
+    Between two runs of one partition the rest of the network touches about the model's
+    weights and activations: a tiny model stays in the last-level cache (evict the core's own
+    caches only), a model larger than it streams from memory (evict it all). Clamped to
+    [2 x L2, 2 x LLC].
+    """
+    lo, hi = 2 * private_cache_bytes(), 2 * llc_bytes()
+    return int(min(hi, max(lo, int(working_set_bytes))))
 
 
 _FLUSHERS: dict[int, CacheFlusher] = {}
