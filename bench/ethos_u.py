@@ -7,7 +7,7 @@ barely help memory-bound ones), (2) how much of each model it takes (capability 
 nodes on the NPU / nodes), and (3) what a build costs on a farm node (int8 conversion + Vela
 compile, wall time), which bounds how many candidates per second an ``ethosu_sim`` slot serves.
 
-    python bench/ethosu.py [--out bench/results] [--quick]
+    python bench/ethos_u.py [--out bench/results] [--quick]
 
 Results go to bench/results/ethosu-<host>.md with the machine description and load average
 (other jobs may share the machine; build times are wall times).
@@ -109,7 +109,7 @@ def main() -> None:
     lines += ["", "- load average at end (1/5/15 min): "
               + " / ".join(f"{x:.2f}" for x in os.getloadavg())]
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "ethosu-vm.md"
+    path = args.out / f"ethosu-{socket.gethostname()}.md"
     path.write_text("\n".join(lines) + "\n")
     print(f"wrote {path}")
 
