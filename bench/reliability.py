@@ -115,7 +115,6 @@ def run_campaign(farm: Any, cands: list, table: Path, campaign: str, **kw: Any
                  ) -> dict[str, Any]:
     from estimators.measured import FarmEstimator
 
-    start_done = farm.progress.done
     sampler = Sampler(farm.progress)
     t0 = time.perf_counter()
     est = FarmEstimator(farm, table, campaign_id=campaign, model="bench", close_farm=False,
@@ -127,13 +126,19 @@ def run_campaign(farm: Any, cands: list, table: Path, campaign: str, **kw: Any
     st = est.stats()
     s = sampler.samples
     # throughput per tenth of the measured results
-    total = s[-1][2] - start_done
+    # results per second in each tenth of the campaign's *time*, the count of results at each
+    # boundary interpolated between the RSS sampler's points (a count-based split divided by
+    # ~0 s whenever a tenth of the results fell between two samples)
     tenths = []
-    if total >= 10:
-        marks = [start_done + total * k // 10 for k in range(11)]
-        times = [next(t for t, _, d in s if d >= m) for m in marks]
-        tenths = [round((marks[k + 1] - marks[k]) / max(times[k + 1] - times[k], 1e-9), 1)
-                  for k in range(10)]
+    if len(s) >= 2 and s[-1][0] > s[0][0]:
+        import numpy as np
+
+        ts = np.array([t for t, _, _ in s])
+        ds = np.array([d for _, _, d in s], dtype=float)
+        edges = np.linspace(ts[0], ts[-1], 11)
+        done_at = np.interp(edges, ts, ds)
+        width = (ts[-1] - ts[0]) / 10
+        tenths = [round(float(done_at[k + 1] - done_at[k]) / width, 1) for k in range(10)]
     rss = [r for _, r, _ in s]
     warm = rss[len(rss) // 10:] or rss
     return {"campaign": campaign, "candidates": len(cands),
