@@ -41,6 +41,7 @@ import numpy as np
 
 from collage_farm.candidate import CandidatePartition
 from collage_farm.cost import Cost
+from collage_farm.executor import SIMULATED_TOOLCHAINS
 from collage_farm.graph import DataflowGraph
 from collage_farm.search import PlannedPartition, SearchResult, static_penalty_s
 from collage_farm.subgraph import SubGraph, iter_bits
@@ -71,7 +72,7 @@ __all__ = [
 
 NOISE_FLOOR = 0.03
 NOISE_SIGMAS = 2.5
-SIMULATED = ("vela",)
+SIMULATED = SIMULATED_TOOLCHAINS  # toolchains whose latency is an estimate, never timed here
 
 
 def noise_threshold(a: Summary, b: Summary, rounds: int) -> float:
