@@ -48,8 +48,9 @@ from collage_farm.transition import (
 )
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator
+from estimators.measured import candidate_config
 from runners.base import BuildInput, MeasureConfig, MeasureInput
-from runners.measure import llc_bytes, network_flush_bytes
+from runners.measure import llc_bytes, network_flush_bytes, private_cache_bytes
 from runners.registry import get_toolchain
 
 CASES = [
@@ -84,7 +85,8 @@ class InProcessEstimator(CostEstimator):
             tc = get_toolchain(c.target.toolchain)
             data = c.sub_graph.extract(f"{self.model}_{c.fingerprint[:12]}").SerializeToString()
             b = tc.build(BuildInput(c.fingerprint, c.target, data))
-            r = tc.measure(MeasureInput(b, self.config))
+            # network mode: each candidate in its own network, as campaigns measure it
+            r = tc.measure(MeasureInput(b, candidate_config(self.config, c)))
             self.memo[c.fingerprint] = Cost(r.seconds) if r.ok else Cost.invalid()
             self.measured += 1
             if hasattr(tc, "clear_cache"):
@@ -108,14 +110,15 @@ def memory_bound_probe(modes: Sequence[str]) -> dict[str, dict[str, float]]:
     for t in parse_targets("ort-cpu,openvino-cpu"):
         tc = get_toolchain(t.toolchain)
         b = tc.build(BuildInput("ab0002048", t, m.SerializeToString()))
+        sizes = {"network-model": 2 * llc_bytes(), "network-l2": 2 * private_cache_bytes()}
         out[t.id] = {mode: tc.measure(MeasureInput(b, MeasureConfig(
-            mode=mode.split("-")[0], flush_bytes=2 * llc_bytes() if "-" in mode else 0)
+            mode=mode.split("-")[0], flush_bytes=sizes.get(mode, 0))
         )).seconds for mode in modes}
     return out
 
 
-def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Path
-             ) -> list[dict]:
+def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Path,
+             transitions: Sequence[str] = ("analytic", "measured")) -> list[dict]:
     model = zoo.build(name, **kw)
     graph = load_graph(model, name=name)
     specs = build_specs(targets, RuleOptions(max_depth=4))
@@ -125,17 +128,19 @@ def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Pat
                     f"-{kw['image_size']}px" if "image_size" in kw else "")
     working_set = sum(t.nbytes for t in graph.tensors.values())
     for mode in modes:
-        if mode == "network-model":  # network mode, eviction sized by the model's bytes
+        if mode == "network-model":  # network mode, eviction sized by the whole model's bytes
             config = MeasureConfig(mode="network",
                                    flush_bytes=network_flush_bytes(working_set))
-        else:
+        elif mode == "network-l2":  # network mode, a fixed eviction of the core's own caches
+            config = MeasureConfig(mode="network", flush_bytes=2 * private_cache_bytes())
+        else:  # "network": per candidate, what the rest of the model touches (campaigns)
             config = MeasureConfig(mode=mode)
         est = InProcessEstimator(config, name)
         table = work / f"costs-{mode}"
         measured = measured_transition_model(table, targets, measure=True, config=config)
         models: list[tuple[str, TransitionModel]] = [("analytic", AnalyticTransitionModel()),
                                                      ("measured", measured)]
-        for tname, tm in models:
+        for tname, tm in [(n, m) for n, m in models if n in transitions]:
             t0 = time.perf_counter()
             res = search(graph, cands, est, tm, lazy=True)
             plan = make_plan(graph, res, targets, estimator=est.label, transition=tm.label)
@@ -174,13 +179,20 @@ def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Pat
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", help="comma-separated zoo model names")
-    ap.add_argument("--modes", default="warm,flush,network,network-model",
-                    help="network-model: network mode evicting the model's working set")
+    ap.add_argument("--modes", default="warm,flush,network",
+                    help="warm, flush, network (eviction = the rest of the model, per "
+                    "candidate: what campaigns use), network-l2 (fixed 2 x L2 eviction), "
+                    "network-model (eviction = the whole model's bytes)")
+    ap.add_argument("--targets", default="ort-cpu,openvino-cpu")
+    ap.add_argument("--transitions", default="analytic,measured",
+                    help="transition models to search with (analytic,measured)")
+    ap.add_argument("--tag", default="", help="results file suffix: additive-<host><tag>.md")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     modes = args.modes.split(",")
     only = set(args.only.split(",")) if args.only else None
-    targets = parse_targets("ort-cpu,openvino-cpu")
+    targets = parse_targets(args.targets)
+    transitions = tuple(args.transitions.split(","))
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg()
     probe = memory_bound_probe(modes)
@@ -192,13 +204,15 @@ def main() -> int:
         for name, kw in CASES:
             if only and name not in only:
                 continue
-            rows += run_case(name, kw, modes, targets, Path(tmp))
-            write_report(args.out, modes, probe, rows, started, load_before)
+            rows += run_case(name, kw, modes, targets, Path(tmp), transitions)
+            write_report(args.out, modes, probe, rows, started, load_before,
+                         targets=args.targets, tag=args.tag)
     return 0
 
 
 def write_report(out_dir: str, modes: Sequence[str], probe: dict, rows: list[dict],
-                 started: datetime.datetime, load_before: tuple[float, float, float]) -> None:
+                 started: datetime.datetime, load_before: tuple[float, float, float], *,
+                 targets: str = "ort-cpu,openvino-cpu", tag: str = "") -> None:
     load_after = os.getloadavg()
     host = socket.gethostname().split(".")[0]
     host = "vm" if host.startswith(("vm", "ip-", "localhost")) or len(host) > 20 else host
@@ -211,9 +225,11 @@ def write_report(out_dir: str, modes: Sequence[str], probe: dict, rows: list[dic
         f"{started:%Y-%m-%d %H:%M} UTC; load average before {load_before[0]:.2f}/"
         f"{load_before[1]:.2f}/{load_before[2]:.2f}, after {load_after[0]:.2f}/"
         f"{load_after[1]:.2f}/{load_after[2]:.2f} (machine shared with other jobs).",
-        "Targets ort-cpu,openvino-cpu; candidates measured in process with the default "
-        "MeasureConfig in each mode; plans run end to end interleaved with the whole models "
-        "(warm, 7 rounds). additive error = (measured - estimated) / measured.", "",
+        f"Targets {targets}; candidates measured in process with the default "
+        "MeasureConfig in each mode (network: eviction per candidate = the rest of the "
+        "model's bytes, clamped to [2 x L2, 2 x LLC]); plans run end to end interleaved "
+        "with the whole models (warm, 7 rounds). "
+        "additive error = (measured - estimated) / measured.", "",
         "Memory-bound candidate (MatMul 1x2048 by 2048x2048, 16 MiB weights), median us:", "",
         "| target | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes),
     ]
@@ -240,7 +256,7 @@ def write_report(out_dir: str, modes: Sequence[str], probe: dict, rows: list[dic
                 summary.append((mode, tname, med, worst))
                 lines.append(f"| {mode} | {tname} | {med:.1%} | {worst:.1%} |")
     text = "\n".join(lines) + "\n"
-    out = Path(out_dir) / f"additive-{host}.md"
+    out = Path(out_dir) / f"additive-{host}{tag}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print("wrote", out, flush=True)

@@ -156,6 +156,16 @@ SCHEMA_VERSION_KEY = b"collage_farm.schema_version"
 #: Files written by `compact` carry this tag in their name (see `CostTable._snapshot`).
 COMPACT_TAG = "compacted"
 STRICTNESS = ("exact", "device", "any")
+
+
+def _row_mode(measure_config: str | None) -> str:
+    """The measurement mode a row's ``measure_config`` JSON names (legacy rows: warm)."""
+    from runners.base import LEGACY_MODE, MeasureConfig
+
+    try:
+        return MeasureConfig.from_json(measure_config or "{}").measure_mode
+    except (ValueError, TypeError):
+        return LEGACY_MODE
 PART_SUFFIX = ".parquet"
 #: Rows per Parquet row group: DuckDB scans row groups in parallel and prunes by their stats.
 ROW_GROUP_ROWS = 128 * 1024
@@ -959,9 +969,19 @@ class CostTable:
         device: str | Mapping[str, str] | None = None,
         toolchain_version: str | Mapping[str, str] | None = None,
         strictness: str = "exact",
+        mode: str | None = None,
     ) -> dict[tuple[str, str], CostRow]:
         """The row each ``(fingerprint, target_key)`` should use (module docstring:
-        "Lookup rule"); keys without a matching row are absent."""
+        "Lookup rule"); keys without a matching row are absent.
+
+        ``mode`` (a `MeasureConfig` mode): an ok *measured* row answers only when it was taken
+        in that mode (a row without one was taken ``warm``), so a campaign measuring in-network
+        costs does not silently reuse warm ones. Simulated and analytic rows, and failures,
+        answer in every mode: the cache state does not change them.
+        """
+        from runners.base import canonical_mode
+
+        want_mode = canonical_mode(mode) if mode is not None else None
         if strictness not in STRICTNESS:
             raise ValueError(f"strictness must be one of {STRICTNESS}, not {strictness!r}")
         wanted = {(str(f), str(k)) for f, k in keys}
@@ -994,6 +1014,9 @@ class CostTable:
         ver_map = toolchain_version if isinstance(toolchain_version, Mapping) else None
         dev = sub["device"].to_pylist() if dev_map is not None else None
         ver = sub["toolchain_version"].to_pylist() if ver_map is not None else None
+        cfg = sub["measure_config"].to_pylist() if want_mode is not None else None
+        kinds = sub["kind"].to_pylist() if want_mode is not None else None
+        modes: dict[str | None, str] = {}
         never = -(2**62)
         best: dict[tuple[str, str], tuple[tuple[bool, int, int], int]] = {}
         for i in range(sub.num_rows):
@@ -1007,6 +1030,13 @@ class CostTable:
             if ver_map is not None and ver is not None:
                 want = ver_map.get(tk[i])
                 if want is not None and ver[i] != want:
+                    continue
+            if cfg is not None and kinds is not None and st[i] == "ok" \
+                    and kinds[i] == "measured":
+                m = modes.get(cfg[i])
+                if m is None:
+                    m = modes[cfg[i]] = _row_mode(cfg[i])
+                if m != want_mode:
                     continue
             rank = (st[i] == "ok", ts[i] if ts[i] is not None else never, i)
             cur = best.get(key)

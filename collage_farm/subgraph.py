@@ -245,6 +245,24 @@ class SubGraph:
             sum(t[x].nbytes for x in self.output_tensors if x in t),
         )
 
+    def own_bytes(self) -> int:
+        """Bytes one run of the sub-graph touches: its weights, inputs and every output."""
+        t = self.graph.tensors
+        names = set(self.initializer_names) | set(self.input_tensors)
+        for n in self.nodes:
+            names.update(o for o in n.outputs if o)
+        return sum(t[x].nbytes for x in names if x in t)
+
+    def rest_of_network_bytes(self) -> int:
+        """Bytes the rest of the model touches between two runs of this sub-graph.
+
+        In a pipeline run again and again, what a partition finds in the caches is what the
+        other partitions left: the model's weights and activations minus its own. ``network``
+        measurement mode evicts this much before each timed run (`runners.measure`).
+        """
+        total = sum(t.nbytes for t in self.graph.tensors.values())
+        return max(0, total - self.own_bytes())
+
     # --- structural hash (fingerprints) ------------------------------------------------------
     @cached_property
     def structural_hash(self) -> str:

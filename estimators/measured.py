@@ -30,6 +30,7 @@ answered invalid because of a failure (cached or fresh) with ``failed_by_status`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,6 +58,16 @@ class FarmEstimatorStats(EstimatorStats):
     """`EstimatorStats` plus failures by status (``dict(stats.failed_by_status)``)."""
 
     failed_by_status: tuple[tuple[str, int], ...] = ()
+
+
+def candidate_config(config: MeasureConfig, candidate: CandidatePartition) -> MeasureConfig:
+    """``config`` for one candidate: in ``network`` mode with no size given, the eviction is
+    what the rest of *this* model touches between two runs of the candidate
+    (`SubGraph.rest_of_network_bytes`), so every candidate is timed in its own network."""
+    if config.measure_mode != "network" or config.network_bytes or config.flush_bytes:
+        return config
+    return dataclasses.replace(config,
+                               network_bytes=candidate.sub_graph.rest_of_network_bytes())
 
 
 def _ranges(value: Any) -> TensorRanges:
@@ -191,7 +202,7 @@ class FarmEstimator(CostEstimator):
         devices, versions = self._lookup_keys(cands)
         keys = [(fp, c.target.measure_key) for fp, c in cands.items()]
         hits = self.table.lookup(keys, device=devices, toolchain_version=versions,
-                                 strictness=self.strictness)
+                                 strictness=self.strictness, mode=self.config.measure_mode)
         for (fp, _key), row in hits.items():
             self._memo[fp] = row.cost
             self._cache_hits += 1
@@ -227,7 +238,8 @@ class FarmEstimator(CostEstimator):
                 self._failed["extract_failed"] = self._failed.get("extract_failed", 0) + 1
                 continue
             label = f"{self.model}:{c.label()}" if self.model else c.label()
-            yield MeasureRequest(BuildInput(fp, c.target, onnx_bytes, ranges, label), self.config)
+            yield MeasureRequest(BuildInput(fp, c.target, onnx_bytes, ranges, label),
+                                 candidate_config(self.config, c))
 
     def _record(self, c: CandidatePartition, res: MeasureResult) -> None:
         from collage_farm.costtable import row_from_result

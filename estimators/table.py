@@ -89,6 +89,7 @@ class TableEstimator(CostEstimator):
         on_missing: str = "raise",
         analytic: AnalyticEstimator | None = None,
         prune: bool = True,
+        mode: str | None = None,
     ) -> None:
         from collage_farm.costtable import STRICTNESS, CostTable
 
@@ -104,6 +105,7 @@ class TableEstimator(CostEstimator):
         self.device = device
         self.toolchain_version = toolchain_version
         self.on_missing = on_missing
+        self.mode = mode  # None: rows of any measurement mode (`CostTable.lookup`)
         self.analytic = analytic or AnalyticEstimator()
         self.has_lower_bound = bool(prune)
         self.label = "table+analytic" if allow_analytic else "table"
@@ -142,7 +144,7 @@ class TableEstimator(CostEstimator):
             keys = [(fp, c.target.measure_key) for fp, c in first.items()]
             hits = self.table.lookup(keys, device=self.device,
                                      toolchain_version=self.toolchain_version,
-                                     strictness=self.strictness)
+                                     strictness=self.strictness, mode=self.mode)
             missing: list[CandidatePartition] = []
             for fp, c in first.items():
                 row = hits.get((fp, c.target.measure_key))

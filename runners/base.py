@@ -54,8 +54,13 @@ MEASURE_MODES = ("warm", "flush", "network")
 MODE_ALIASES = {"isolated": "warm", "cache_flush": "flush"}
 #: what a row written before modes existed was measured with
 LEGACY_MODE = "warm"
-#: the default mode of new measurements, chosen by bench/additive.py (bench/results/additive-vm.md)
+#: the default of `MeasureConfig`: end-to-end runs of whole models and plans, where the model
+#: run again and again *is* the network around each of its parts
 DEFAULT_MODE = "warm"
+#: the mode campaigns measure candidates in: each inside its own network (runners.measure),
+#: chosen by its additive error against warm and flush (bench/additive.py,
+#: bench/results/additive-vm.md)
+CANDIDATE_MODE = "network"
 
 
 def canonical_mode(mode: str) -> str:
@@ -77,11 +82,17 @@ class MeasureConfig:
 
     ``mode`` says what the caches hold when a timed run starts (`runners.measure`): ``warm``
     (repeated runs, everything the candidate touched is still cached), ``flush`` (every cache
-    evicted before each run) or ``network`` (evicted, then the candidate's inputs read back, as
-    if its producer had just written them). ``flush_bytes`` is the size of the eviction buffer
-    (0: twice the last-level cache read from sysfs). Rows written before modes existed have no
-    ``mode`` in their JSON and read as ``warm``; ``isolated`` and ``cache_flush`` are the old
-    spellings of ``warm`` and ``flush``.
+    evicted before each run) or ``network`` (what the rest of the network touches is evicted,
+    then the candidate's inputs are read back, as if its producer had just written them).
+
+    ``network_bytes`` (``network`` mode) is how many bytes the *rest of the network* touches
+    between two runs of this candidate: the model's weights and activations minus the
+    candidate's own (`SubGraph.rest_of_network_bytes`). Campaigns set it per request; the runner
+    evicts that much, clamped to [2 x L2, 2 x LLC] of *its* machine (`runners.measure.
+    network_eviction_bytes`); 0 evicts the core's private caches only. ``flush_bytes``, when
+    > 0, overrides the eviction size of ``flush`` and ``network`` modes (0: twice the LLC for
+    ``flush``). Rows written before modes existed have no ``mode`` in their JSON and read as
+    ``warm``; ``isolated`` and ``cache_flush`` are the old spellings of ``warm`` and ``flush``.
     """
 
     warmup_runs: int = 3
@@ -94,6 +105,7 @@ class MeasureConfig:
     threads: int = 1
     mode: str = DEFAULT_MODE
     flush_bytes: int = 0
+    network_bytes: int = 0
 
     @property
     def measure_mode(self) -> str:

@@ -335,6 +335,45 @@ def test_lookup_failed_rows_answer_invalid_only_without_ok(tmp_path: Path) -> No
     assert got["twice", k].seconds == pytest.approx(4e-3)  # the newest ok row
 
 
+def test_lookup_by_measure_mode(tmp_path: Path) -> None:
+    """A network-mode campaign does not reuse warm timings (the cache state differs), but
+    simulated rows and known failures answer in every mode."""
+    import dataclasses
+
+    d = tmp_path / "t"
+    k, ku = T_ORT.measure_key, T_U55.measure_key
+
+    def in_mode(res: MeasureResult, mode: str) -> MeasureResult:
+        return dataclasses.replace(res, config=MeasureConfig(mode=mode))
+
+    legacy = row(ok_result("legacy", 1e-3), at=1)
+    cfg = json.loads(legacy["measure_config"])
+    del cfg["mode"]  # written before modes existed: warm
+    legacy["measure_config"] = json.dumps(cfg, sort_keys=True)
+    write_rows(d, [
+        row(in_mode(ok_result("both", 1e-3), "warm"), at=1),
+        row(in_mode(ok_result("both", 3e-3), "network"), at=2),
+        row(in_mode(ok_result("warm_only", 1e-3), "isolated"), at=1),  # old spelling of warm
+        legacy,
+        row(in_mode(ok_result("sim", 2e-3, target=T_U55, kind=Kind.SIMULATED), "warm"), at=1),
+        row(failed_result("broken"), at=1),
+    ])
+    keys = [("both", k), ("warm_only", k), ("legacy", k), ("sim", ku), ("broken", k)]
+    table = CostTable(d)
+    net = table.lookup(keys, strictness="any", mode="network")
+    assert net["both", k].seconds == pytest.approx(3e-3)
+    assert ("warm_only", k) not in net and ("legacy", k) not in net
+    assert net["sim", ku].seconds == pytest.approx(2e-3)  # Vela's estimate has no cache state
+    assert net["broken", k].cost.is_invalid  # a build failure is one in every mode
+    warm = table.lookup(keys, strictness="any", mode="warm")
+    assert warm["both", k].seconds == pytest.approx(1e-3)  # older, but the right mode
+    assert warm["warm_only", k].ok and warm["legacy", k].ok
+    anymode = table.lookup(keys, strictness="any")
+    assert anymode["both", k].seconds == pytest.approx(3e-3)  # no mode given: newest ok row
+    with pytest.raises(ValueError, match="unknown measure mode"):
+        table.lookup(keys, mode="lukewarm")
+
+
 # ----------------------------------------------------------------------------------------
 # bad files, caching
 

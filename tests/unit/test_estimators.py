@@ -257,3 +257,37 @@ def test_table_estimator_hits_misses_and_analytic(tmp_path: Path, tiny: Dataflow
 def test_table_estimator_missing_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         TableEstimator(tmp_path / "nope")
+
+
+# ------------------------------------------------------------------------------------------
+# in-network measurement: what the rest of the network touches
+
+
+def test_rest_of_network_bytes_adds_up(tiny: DataflowGraph) -> None:
+    total = sum(t.nbytes for t in tiny.tensors.values())
+    whole = SubGraph.of(tiny, range(len(tiny.nodes)))
+    assert whole.rest_of_network_bytes() == 0 and whole.own_bytes() == total
+    conv = _cand(tiny, ["conv"]).sub_graph
+    fc = _cand(tiny, ["fc"]).sub_graph
+    t = tiny.tensors
+    assert conv.own_bytes() == t["x"].nbytes + t["w"].nbytes + t["c"].nbytes
+    assert fc.own_bytes() == t["f"].nbytes + t["wm"].nbytes + t["y"].nbytes
+    assert conv.rest_of_network_bytes() == total - conv.own_bytes()
+    # the big FC weight is the conv's neighbour: the conv's network is mostly that weight
+    assert conv.rest_of_network_bytes() > t["wm"].nbytes > fc.rest_of_network_bytes()
+
+
+def test_candidate_config_sizes_network_mode_per_candidate(tiny: DataflowGraph) -> None:
+    from estimators.measured import candidate_config
+    from runners.base import MeasureConfig
+
+    c = _cand(tiny, ["conv", "relu"])
+    net = candidate_config(MeasureConfig(mode="network"), c)
+    assert net.network_bytes == c.sub_graph.rest_of_network_bytes() > 0
+    assert net.mode == "network" and net.rounds == MeasureConfig().rounds
+    warm = MeasureConfig(mode="warm")
+    assert candidate_config(warm, c) is warm  # other modes: untouched
+    fixed = MeasureConfig(mode="network", network_bytes=123)
+    assert candidate_config(fixed, c) is fixed  # an explicit size wins
+    flushed = MeasureConfig(mode="network", flush_bytes=4 << 20)
+    assert candidate_config(flushed, c) is flushed

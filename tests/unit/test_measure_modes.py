@@ -89,7 +89,7 @@ def test_between_run_actions_are_untimed_and_flush_rounds_stop_on_wall_time(
     calls: list[str] = []
 
     class FakeFlusher:
-        def __init__(self, size: int) -> None:
+        def __init__(self, size: int, pool: object = None) -> None:
             self.size_bytes = size
 
         def __call__(self) -> None:
@@ -146,3 +146,35 @@ def test_network_mode_rereads_the_bound_inputs(monkeypatch: pytest.MonkeyPatch) 
                                                  min_round_s=0.0, mode="network",
                                                  flush_bytes=1 << 16)))
     assert r.ok and touched and set(touched) == {256 * 4 // 64}
+
+
+def test_network_eviction_is_the_rest_of_the_network_clamped() -> None:
+    """network mode evicts what the rest of the network touches, within [2 x L2, 2 x LLC]."""
+    from runners.measure import llc_bytes, network_eviction_bytes
+
+    l2, llc = private_cache_bytes(), llc_bytes()
+    assert network_eviction_bytes(MeasureConfig(mode="network")) == 2 * l2
+    assert network_eviction_bytes(MeasureConfig(mode="network", network_bytes=1)) == 2 * l2
+    mid = (2 * l2 + 2 * llc) // 2
+    assert network_eviction_bytes(MeasureConfig(mode="network", network_bytes=mid)) == mid
+    assert network_eviction_bytes(MeasureConfig(mode="network", network_bytes=10**12)) == 2 * llc
+    assert network_eviction_bytes(
+        MeasureConfig(mode="network", network_bytes=mid, flush_bytes=12345)) == 12345
+
+
+def test_flushers_of_every_size_share_one_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-candidate eviction sizes must not allocate (and page-fault) a buffer each."""
+    monkeypatch.setattr(measure, "_FLUSHERS", {})
+    monkeypatch.setattr(measure, "_POOL", [])
+    big = measure._flusher_of(4 << 20)
+    small = measure._flusher_of(1 << 20)
+    pool = measure._POOL[0]
+    assert big.size_bytes == 4 << 20 and small.size_bytes == 1 << 20
+    assert np.shares_memory(big._buf, pool) and np.shares_memory(small._buf, pool)
+    assert small._buf.nbytes == 1 << 20 and big._buf.nbytes == 4 << 20
+    before = int(pool[0])
+    small()
+    assert int(pool[0]) == before + 1  # the eviction really writes the shared lines
+    measure._flusher_of(8 << 20)  # larger: the pool grows once, views are rebuilt
+    assert len(measure._POOL[0]) * 8 >= 8 << 20
+    assert np.shares_memory(measure._flusher_of(1 << 20)._buf, measure._POOL[0])
