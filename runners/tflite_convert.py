@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SUPPORTED_OPS",
+    "SUPPORTED_OPS_FP32",
     "ConversionError",
     "ConvertedModel",
     "IOSpec",
@@ -111,16 +112,18 @@ class IOSpec:
     index: int  # tensor index in the TFLite subgraph
     onnx_shape: tuple[int, ...]
     tflite_shape: tuple[int, ...]
-    dtype: str  # "int8" | "float32"
+    dtype: str  # "int8" | "float32" | "int32" / "int64" (integer inputs, fp32 mode)
     scale: float = 0.0
     zero_point: int = 0
 
     @property
     def nhwc(self) -> bool:
-        return len(self.onnx_shape) == 4
+        return len(self.onnx_shape) == 4 and self.dtype in ("float32", "int8")
 
     def to_tflite(self, x: np.ndarray) -> np.ndarray:
         """ONNX-layout float data -> what the TFLite input takes (NHWC, quantised in int8)."""
+        if self.dtype in ("int32", "int64"):  # integer ids: ONNX layout, no transpose
+            return np.ascontiguousarray(np.asarray(x).astype(self.dtype).reshape(self.onnx_shape))
         a = np.asarray(x, dtype=np.float32).reshape(self.onnx_shape)
         if self.nhwc:
             a = a.transpose(0, 2, 3, 1)
@@ -208,16 +211,185 @@ def _layout_noop(onnx_shape: Sequence[int]) -> bool:
 
 
 def _init_array(graph: DataflowGraph, name: str) -> np.ndarray | None:
-    t = graph.initializers.get(name)
-    if t is None:
-        return None
-    from onnx import numpy_helper
+    """An initializer's value, or a value the converter computes at conversion time.
 
-    return numpy_helper.to_array(t)
+    The loader folds Constant nodes but leaves shape arithmetic (Shape -> Cast -> Slice ->
+    Concat -> Reshape, as paddle2onnx writes it) and ops on constants (a Gather of a position
+    table by constant ids) in the graph; every shape is static once inputs are bound, so those
+    values are constants and consumers may treat them exactly like initializers.
+    """
+    if not name:
+        return None
+    t = graph.initializers.get(name)
+    if t is not None:
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(t)
+    return _static_values(graph).get(name)
 
 
 def _is_const(graph: DataflowGraph, name: str) -> bool:
-    return bool(name) and name in graph.initializers
+    return bool(name) and (name in graph.initializers or name in _static_values(graph))
+
+
+# ----------------------------------------------------------------------------------------
+# conversion-time evaluation (shape arithmetic, ops on constants)
+
+#: ops evaluated in numpy when every input is a constant (Shape: when its input's shape is)
+_FOLDABLE = frozenset({"Shape", "Cast", "Slice", "Concat", "Gather", "Squeeze", "Unsqueeze",
+                       "Reshape", "Transpose", "Identity", "Add", "Sub", "Mul", "Div"})
+#: folded constants larger than this stay nodes (a huge folded table would bloat every model)
+_FOLD_MAX_ELEMENTS = 1 << 22
+
+
+def _fold_node(node: Node, graph: DataflowGraph, vals: Mapping[str, np.ndarray]
+               ) -> np.ndarray | None:
+    """numpy evaluation of one foldable node, or None (never raises for a foldable case)."""
+    from onnx import helper
+
+    op = node.op_type
+    if op == "Shape":
+        info = graph.tensors.get(node.inputs[0])
+        if info is None or any(d <= 0 for d in info.shape):
+            return None
+        shape = np.array(info.shape, np.int64)
+        start = int(_attr(node, "start", 0))  # type: ignore[arg-type]
+        end = _attr(node, "end")
+        return shape[start:None if end is None else int(end)]  # type: ignore[arg-type]
+    ins = [vals.get(t) if t else None for t in node.inputs]
+    if not ins or ins[0] is None:
+        return None
+    x = ins[0]
+    if op == "Identity":
+        return x
+    if op == "Cast":
+        return x.astype(helper.tensor_dtype_to_np_dtype(int(_attr(node, "to"))))  # type: ignore[arg-type]
+    if op in ("Add", "Sub", "Mul", "Div"):
+        if len(ins) != 2 or ins[1] is None:
+            return None
+        a, b = x, ins[1]
+        if op == "Div":
+            if a.dtype.kind in "iu":
+                return np.trunc(a / b).astype(a.dtype)  # ONNX integer Div truncates
+            return (a / b).astype(a.dtype)
+        return {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](a, b).astype(a.dtype)
+    if op == "Concat":
+        if any(v is None for v in ins):
+            return None
+        return np.concatenate(ins, axis=int(_attr(node, "axis", 0)))  # type: ignore[arg-type]
+    if op == "Gather":
+        if len(ins) < 2 or ins[1] is None:
+            return None
+        return np.take(x, ins[1].astype(np.int64), axis=int(_attr(node, "axis", 0)))  # type: ignore[arg-type]
+    if op == "Transpose":
+        perm = _attr(node, "perm")
+        return np.transpose(x, None if perm is None else _ints(perm))
+    if op in ("Squeeze", "Unsqueeze", "Reshape", "Slice"):
+        out = graph.tensors.get(node.outputs[0])
+        if op == "Slice":
+            return _slice_numpy(node, graph, x, ins)
+        if out is None:
+            return None
+        return x.reshape(out.shape)  # the loader inferred the static result shape
+    return None
+
+
+def _slice_numpy(node: Node, graph: DataflowGraph, x: np.ndarray,
+                 ins: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    spec = _slice_spec(node, graph, x.shape, ins)
+    if isinstance(spec, str):
+        return None
+    idx = tuple(slice(b, e, s) for b, e, s in zip(*spec))
+    return x[idx]
+
+
+def _slice_spec(node: Node, graph: DataflowGraph, shape: Sequence[int],
+                ins: Sequence[np.ndarray | None] | None = None
+                ) -> tuple[list[int], list[int], list[int]] | str:
+    """Per-axis (begin, end, step) of a Slice, clamped like ONNX; or why not."""
+    r = len(shape)
+    if graph.opset < 10:
+        starts, ends = _ints(_attr(node, "starts")), _ints(_attr(node, "ends"))
+        axes = _ints(_attr(node, "axes"), range(len(starts)))
+        steps: tuple[int, ...] = (1,) * len(starts)
+    else:
+        vals = list(ins) if ins is not None else [_init_array(graph, t) if t else None
+                                                  for t in node.inputs]
+        vals += [None] * (5 - len(vals))
+        for i, what in ((1, "starts"), (2, "ends")):
+            if vals[i] is None:
+                return f"{what} must be constant"
+        for i, what in ((3, "axes"), (4, "steps")):
+            if len(node.inputs) > i and node.inputs[i] and vals[i] is None:
+                return f"{what} must be constant"
+        starts = tuple(int(v) for v in vals[1].reshape(-1))  # type: ignore[union-attr]
+        ends = tuple(int(v) for v in vals[2].reshape(-1))  # type: ignore[union-attr]
+        axes = tuple(int(v) for v in vals[3].reshape(-1)) if vals[3] is not None \
+            else tuple(range(len(starts)))
+        steps = tuple(int(v) for v in vals[4].reshape(-1)) if vals[4] is not None \
+            else (1,) * len(starts)
+    begin, end, stride = [0] * r, list(shape), [1] * r
+    for a, b, e, s in zip(axes, starts, ends, steps):
+        a = a + r if a < 0 else a
+        if not 0 <= a < r:
+            return f"axis {a} out of range"
+        if s <= 0:
+            return f"step {s} (only positive steps are converted)"
+        d = shape[a]
+        b = b + d if b < 0 else b
+        e = e + d if e < 0 else e
+        begin[a] = max(0, min(b, d))
+        end[a] = max(0, min(e, d))
+        stride[a] = s
+    return begin, end, stride
+
+
+def _static_values(graph: DataflowGraph) -> dict[str, np.ndarray]:
+    """Tensors computable at conversion time, by name; once per graph (nodes are in order)."""
+    cache = graph.__dict__.get("_tflite_static")  # plain dataclass: a per-graph memo
+    if cache is not None:
+        return cache
+    from onnx import numpy_helper
+
+    vals: dict[str, np.ndarray] = {}
+    known: dict[str, np.ndarray] = {}
+
+    def get(t: str) -> np.ndarray | None:
+        if t in known:
+            return known[t]
+        init = graph.initializers.get(t)
+        if init is None:
+            return None
+        known[t] = numpy_helper.to_array(init)
+        return known[t]
+
+    for n in graph.nodes:
+        if n.op_type not in _FOLDABLE or n.domain not in ("", "ai.onnx") \
+                or len(n.outputs) != 1 or not n.outputs[0]:
+            continue
+        if n.op_type != "Shape" and not all(get(t) is not None for t in n.inputs if t):
+            continue
+        try:
+            v = _fold_node(n, graph, {t: known[t] for t in n.inputs if t in known})
+        except Exception:  # a case numpy cannot evaluate stays a node
+            v = None
+        if v is None or v.size > _FOLD_MAX_ELEMENTS:
+            continue
+        info = graph.tensors.get(n.outputs[0])
+        if info is not None and tuple(v.shape) != tuple(info.shape):
+            continue
+        if info is not None:
+            v = v.astype(info.dtype)
+        vals[n.outputs[0]] = known[n.outputs[0]] = np.ascontiguousarray(v)
+    graph.__dict__["_tflite_static"] = vals
+    return vals
+
+
+def _folded(node: Node, graph: DataflowGraph) -> bool:
+    """True when every output of the node is a conversion-time constant (it emits nothing)."""
+    outs = [o for o in node.outputs if o]
+    vals = _static_values(graph)
+    return bool(outs) and all(o in vals for o in outs)
 
 
 def act_qparams(lo: float, hi: float) -> tuple[float, int]:
@@ -373,7 +545,7 @@ def _fused_act_code(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _check_conv(node: Node, graph: DataflowGraph) -> str | None:
+def _check_conv(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph)
     if why:
         return why
@@ -404,7 +576,7 @@ def _check_conv(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _check_pool(node: Node, graph: DataflowGraph) -> str | None:
+def _check_pool(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph)
     if why:
         return why
@@ -430,7 +602,7 @@ def _check_pool(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _check_binary(node: Node, graph: DataflowGraph) -> str | None:
+def _check_binary(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph)
     if why:
         return why
@@ -440,9 +612,9 @@ def _check_binary(node: Node, graph: DataflowGraph) -> str | None:
     ca, cb = _is_const(graph, a), _is_const(graph, b)
     if ca and cb:
         return "both operands are constants (fold them first)"
-    if node.op_type == "Div" and not cb:
-        return "Div is converted only with a constant divisor"
-    if node.op_type == "Div":
+    if node.op_type == "Div" and not cb and mode != "fp32":
+        return "Div is converted only with a constant divisor (a dynamic one in fp32 only)"
+    if node.op_type == "Div" and cb:
         arr = _init_array(graph, b)
         if arr is None or not np.all(arr != 0):
             return "Div by a constant containing zero"
@@ -455,7 +627,7 @@ def _check_binary(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _check_reshape(node: Node, graph: DataflowGraph) -> str | None:
+def _check_reshape(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph, inputs=[0])
     if why:
         return why
@@ -490,15 +662,28 @@ def _softmax_axis(node: Node, graph: DataflowGraph) -> int | str:
     return axis
 
 
-def _check_softmax(node: Node, graph: DataflowGraph) -> str | None:
+def _check_softmax(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph)
     if why:
         return why
     a = _softmax_axis(node, graph)
+    if isinstance(a, str) and mode == "fp32" and _softmax_nchw(node, graph):
+        return None
     return a if isinstance(a, str) else None
 
 
-def _check_unary(node: Node, graph: DataflowGraph) -> str | None:
+def _softmax_nchw(node: Node, graph: DataflowGraph) -> bool:
+    """A rank-4 softmax over the last ONNX axis (attention scores): run it in NCHW (fp32).
+
+    NHWC holds that axis as W, not innermost, so the input is transposed to NCHW, the softmax
+    runs over the innermost axis, and the result is transposed back.
+    """
+    shape = graph.tensors[node.inputs[0]].shape
+    axis = int(_attr(node, "axis", -1 if graph.opset >= 13 else 1))  # type: ignore[arg-type]
+    return len(shape) == 4 and axis in (-1, 3)
+
+
+def _check_unary(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph, inputs=[0])
     if why:
         return why
@@ -511,11 +696,15 @@ def _check_unary(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _check_gemm(node: Node, graph: DataflowGraph) -> str | None:
+def _check_gemm(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph)
     if why:
         return why
     a = graph.tensors[node.inputs[0]].shape
+    if node.op_type == "MatMul" and len(node.inputs) == 2 and not _is_const(graph, node.inputs[1]):
+        if mode != "fp32":
+            return "weights (B) must be a constant initializer (a dynamic B in fp32 only)"
+        return _check_batch_matmul(node, graph)
     if len(node.inputs) < 2 or not _is_const(graph, node.inputs[1]):
         return "weights (B) must be a constant initializer"
     if _is_const(graph, node.inputs[0]):
@@ -542,7 +731,7 @@ def _check_gemm(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _check_concat(node: Node, graph: DataflowGraph) -> str | None:
+def _check_concat(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph)
     if why:
         return why
@@ -557,7 +746,7 @@ def _check_concat(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _check_global_pool(node: Node, graph: DataflowGraph) -> str | None:
+def _check_global_pool(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph)
     if why:
         return why
@@ -566,7 +755,7 @@ def _check_global_pool(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _check_pad(node: Node, graph: DataflowGraph) -> str | None:
+def _check_pad(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     why = _float_io(node, graph, inputs=[0])
     if why:
         return why
@@ -586,7 +775,375 @@ def _check_pad(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-_CHECKS: dict[str, Callable[[Node, DataflowGraph], str | None]] = {
+# --- fp32-only mappings (LiteRT): no int8 emission is implemented or tested for these -------
+
+
+def _check_batch_matmul(node: Node, graph: DataflowGraph) -> str | None:
+    a = graph.tensors[node.inputs[0]].shape
+    b = graph.tensors[node.inputs[1]].shape
+    if _is_const(graph, node.inputs[0]):
+        return "MatMul with a constant A and a dynamic B is not converted"
+    if len(a) != len(b) or not 2 <= len(a) <= 5:
+        return f"MatMul of ranks {len(a)} x {len(b)} (equal ranks 2..5 are converted)"
+    return None
+
+
+def _const_vector(graph: DataflowGraph, name: str, size: int) -> np.ndarray | None:
+    v = _init_array(graph, name)
+    if v is None or v.size != size:
+        return None
+    return v.astype(np.float64).reshape(-1)
+
+
+def _check_batchnorm(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    if int(_attr(node, "training_mode", 0)) or any(node.outputs[1:]):  # type: ignore[arg-type]
+        return "training-mode BatchNormalization (running statistics outputs)"
+    x = graph.tensors[node.inputs[0]].shape
+    if len(x) < 2 or len(node.inputs) != 5:
+        return "needs an input of rank >= 2 and scale, bias, mean, var"
+    for t in node.inputs[1:]:
+        if _const_vector(graph, t, x[1]) is None:
+            return f"{t!r} must be a constant per-channel vector"
+    return None
+
+
+def _bn_scale_shift(node: Node, graph: DataflowGraph) -> tuple[np.ndarray, np.ndarray]:
+    """y = x * scale + shift, per channel (inference form, computed in float64)."""
+    c = graph.tensors[node.inputs[0]].shape[1]
+    gamma, beta, mean, var = (_const_vector(graph, t, c) for t in node.inputs[1:])
+    eps = float(_attr(node, "epsilon", 1e-5))  # type: ignore[arg-type]
+    scale = gamma / np.sqrt(var + eps)  # type: ignore[operator]
+    return scale.astype(np.float32), (beta - mean * scale).astype(np.float32)  # type: ignore[operator]
+
+
+def _resize_params(node: Node, graph: DataflowGraph) -> tuple[str, bool, bool] | str:
+    """(TFLite op, align_corners, half_pixel_centers) for a Resize, or why not."""
+    if graph.opset < 11:
+        return "opset < 11 Resize (no coordinate_transformation_mode)"
+    x = graph.tensors[node.inputs[0]].shape
+    y = graph.tensors[node.outputs[0]].shape
+    if len(x) != 4:
+        return f"only 2-D (rank-4) resize, not rank {len(x)}"
+    if x[:2] != y[:2]:
+        return "resizing the batch or channel axis"
+    if _attr(node, "axes") is not None or int(_attr(node, "antialias", 0)):  # type: ignore[arg-type]
+        return "axes / antialias are not supported"
+    scales = _init_array(graph, node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] \
+        else None
+    sizes = len(node.inputs) > 3 and bool(node.inputs[3])
+    if sizes and not _is_const(graph, node.inputs[3]):
+        return "sizes must be constant"
+    if scales is not None and scales.size == 4 and not sizes:
+        # ONNX maps coordinates with the given scale; TFLite with out/in: equal only when
+        # the output is exactly in * scale
+        for d in (2, 3):
+            if abs(x[d] * float(scales[d]) - y[d]) > 1e-6 * y[d]:
+                return f"scale {float(scales[d])} does not give an integral output size"
+    elif not sizes:
+        return "scales or sizes must be constant"
+    mode = str(_attr(node, "mode", "nearest"))
+    ctm = str(_attr(node, "coordinate_transformation_mode", "half_pixel"))
+    if ctm == "pytorch_half_pixel" and min(y[2:]) > 1:
+        ctm = "half_pixel"
+    if mode == "nearest":
+        nm = str(_attr(node, "nearest_mode", "round_prefer_floor"))
+        if ctm == "asymmetric" and nm == "floor":
+            return "RESIZE_NEAREST_NEIGHBOR", False, False
+        if ctm in ("half_pixel", "tf_half_pixel_for_nn") and nm == "round_prefer_ceil":
+            return "RESIZE_NEAREST_NEIGHBOR", False, True
+        return f"nearest resize with {ctm} / {nm} has no TFLite equivalent"
+    if mode == "linear":
+        if ctm == "half_pixel":
+            return "RESIZE_BILINEAR", False, True
+        if ctm == "align_corners":
+            return "RESIZE_BILINEAR", True, False
+        if ctm == "asymmetric":
+            return "RESIZE_BILINEAR", False, False
+        return f"linear resize with coordinate_transformation_mode {ctm}"
+    return f"resize mode {mode!r} is not converted"
+
+
+def _check_resize(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    p = _resize_params(node, graph)
+    return p if isinstance(p, str) else None
+
+
+def _check_convtranspose(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    x = graph.tensors[node.inputs[0]].shape
+    y = graph.tensors[node.outputs[0]].shape
+    if len(x) != 4:
+        return "only 2-D transposed convolution"
+    if len(node.inputs) < 2 or not _is_const(graph, node.inputs[1]):
+        return "weights must be a constant initializer"
+    if len(node.inputs) > 2 and node.inputs[2] \
+            and _const_vector(graph, node.inputs[2], y[1]) is None:
+        return "bias must be a constant per-channel vector"
+    if int(_attr(node, "group", 1)) != 1:  # type: ignore[arg-type]
+        return "grouped transposed convolution"
+    if any(d != 1 for d in _ints(_attr(node, "dilations"), (1, 1))):
+        return "dilated transposed convolution"
+    if str(_attr(node, "auto_pad", "NOTSET") or "NOTSET") != "NOTSET" \
+            or _attr(node, "output_shape") is not None:
+        return "auto_pad / output_shape are not supported (explicit pads only)"
+    if any(_ints(_attr(node, "output_padding"), (0, 0))):
+        return "output_padding is not supported"
+    w = graph.tensors[node.inputs[1]].shape
+    s = _ints(_attr(node, "strides"), (1, 1))
+    p = _ints(_attr(node, "pads"), (0, 0, 0, 0))
+    for d in range(2):
+        pb, pe = p[d], p[d + 2]
+        if pb != (pb + pe) // 2 or (any(p) and -(-y[2 + d] // s[d]) != x[2 + d]):
+            return f"pads {p} are not TFLite's SAME padding for this size"
+        if (x[2 + d] - 1) * s[d] + w[2 + d] - pb - pe != y[2 + d]:
+            return "pads do not give the declared output size"
+    return None
+
+
+def _perm_nhwc(perm: Sequence[int]) -> tuple[int, ...]:
+    """An ONNX rank-4 permutation expressed on NHWC-held tensors (input and output NHWC)."""
+    q = (0, 2, 3, 1)  # TFLite axis j holds ONNX axis q[j]
+    inv = {a: j for j, a in enumerate(q)}
+    return tuple(inv[perm[q[j]]] for j in range(4))
+
+
+def _check_transpose(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph)
+    if why:
+        return why
+    r = _dyn_rank(graph, node.inputs[0])
+    perm = _attr(node, "perm")
+    if r > 6:
+        return "rank > 6"
+    if perm is not None and sorted(_ints(perm)) != list(range(r)):
+        return f"perm {perm} is not a permutation of rank {r}"
+    return None
+
+
+def _reduce_axes(node: Node, graph: DataflowGraph) -> tuple[int, ...] | str:
+    r = _dyn_rank(graph, node.inputs[0])
+    axes: Sequence[int] | None = None
+    if _attr(node, "axes") is not None:
+        axes = _ints(_attr(node, "axes"))
+    elif len(node.inputs) > 1 and node.inputs[1]:
+        v = _init_array(graph, node.inputs[1])
+        if v is None:
+            return "axes must be constant"
+        axes = tuple(int(a) for a in v.reshape(-1))
+    if not axes:
+        if int(_attr(node, "noop_with_empty_axes", 0)):  # type: ignore[arg-type]
+            return "noop_with_empty_axes (an identity)"
+        axes = tuple(range(r))
+    out = tuple(sorted({a + r if a < 0 else a for a in axes}))
+    if any(not 0 <= a < r for a in out):
+        return f"axes {axes} out of range"
+    return out
+
+
+def _check_reduce(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    a = _reduce_axes(node, graph)
+    return a if isinstance(a, str) else None
+
+
+def _pow_exponent(node: Node, graph: DataflowGraph) -> float | None:
+    v = _init_array(graph, node.inputs[1]) if len(node.inputs) > 1 else None
+    if v is None or v.size != 1 or v.dtype.kind != "f":
+        return None
+    return float(v.reshape(()))
+
+
+def _check_pow(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    if _is_const(graph, node.inputs[0]):
+        return "constant base"
+    if _pow_exponent(node, graph) is None:
+        return "the exponent must be a constant float scalar"
+    return None
+
+
+def _check_slice(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    shape = graph.tensors[node.inputs[0]].shape
+    if len(shape) > 5:
+        return "rank > 5 (STRIDED_SLICE)"
+    spec = _slice_spec(node, graph, shape)
+    return spec if isinstance(spec, str) else None
+
+
+def _check_cast(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph)  # float -> float: an identity
+    if why:
+        return f"only float32 -> float32 Cast (an identity) is converted: {why}"
+    return None
+
+
+_INT_TYPES = {6: "int32", 7: "int64"}  # onnx.TensorProto.INT32 / INT64
+
+
+def _check_gather(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    idx = node.inputs[1] if len(node.inputs) > 1 else ""
+    info = graph.tensors.get(idx)
+    if info is None or info.elem_type not in _INT_TYPES:
+        return "indices must be a static int32 / int64 tensor"
+    x = graph.tensors[node.inputs[0]].shape
+    y = graph.tensors[node.outputs[0]].shape
+    if len(x) > 5 or len(y) > 5:
+        return "rank > 5"
+    v = _init_array(graph, idx)
+    if v is not None and (np.any(v < -x[int(_attr(node, "axis", 0))])  # type: ignore[arg-type]
+                          or np.any(v >= x[int(_attr(node, "axis", 0))])):  # type: ignore[arg-type]
+        return "constant indices out of range"
+    if v is not None and np.any(v < 0):
+        return "negative constant indices"
+    return None
+
+
+def _split_sizes(node: Node, graph: DataflowGraph) -> tuple[int, list[int]] | str:
+    x = graph.tensors[node.inputs[0]].shape
+    r = len(x)
+    axis = int(_attr(node, "axis", 0))  # type: ignore[arg-type]
+    axis = axis + r if axis < 0 else axis
+    if not 0 <= axis < r:
+        return f"axis {axis} out of range"
+    sizes = [graph.tensors[o].shape[axis] if o in graph.tensors else -1 for o in node.outputs]
+    if any(not o for o in node.outputs) or -1 in sizes or sum(sizes) != x[axis]:
+        return "every output must be used and have a static shape"
+    return axis, sizes
+
+
+def _check_split(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    p = _split_sizes(node, graph)
+    return p if isinstance(p, str) else None
+
+
+def _check_layernorm(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    why = _float_io(node, graph, inputs=[0])
+    if why:
+        return why
+    if any(node.outputs[1:]):
+        return "Mean / InvStdDev outputs are not converted"
+    x = graph.tensors[node.inputs[0]].shape
+    r = len(x)
+    if r == 4:
+        return "rank-4 LayerNormalization (held NHWC) is not converted"
+    axis = int(_attr(node, "axis", -1))  # type: ignore[arg-type]
+    axis = axis + r if axis < 0 else axis
+    if not 0 <= axis < r:
+        return f"axis {axis} out of range"
+    n = math.prod(x[axis:])
+    for i in (1, 2):
+        t = node.inputs[i] if len(node.inputs) > i else ""
+        if i == 1 and not t:
+            return "needs a scale"
+        if t:
+            v = _init_array(graph, t)
+            if v is None or v.size not in (1, n):
+                return f"{t!r} must be a constant over the normalised axes"
+    return None
+
+
+_GELU_TOL = 1e-5
+
+
+def _scalar_of(graph: DataflowGraph, node: Node, dynamic: str) -> float | None:
+    """The constant scalar operand of a binary node whose other operand is ``dynamic``."""
+    if len(node.inputs) != 2 or dynamic not in node.inputs:
+        return None
+    other = node.inputs[1] if node.inputs[0] == dynamic else node.inputs[0]
+    if other == dynamic or (node.op_type == "Div" and node.inputs[1] != other):
+        return None
+    v = _init_array(graph, other)
+    if v is None or v.size != 1:
+        return None
+    return float(v.reshape(()))
+
+
+def _gelu_chain(graph: DataflowGraph, erf: Node) -> list[Node] | str:
+    """[Div|Mul, Erf, Add, Mul, Mul]: the exact-GELU pattern around an Erf, or why not.
+
+    ONNX exports exact GELU as ``x * 0.5 * (1 + erf(x / sqrt 2))`` (or with the 0.5 last);
+    TFLite has no ERF but has GELU, so the Erf is convertible only as part of the whole
+    pattern, with every intermediate read by the next node alone. Accepted orders: Div(x,
+    sqrt2) | Mul(x, 1/sqrt2) -> Erf -> Add 1 -> Mul x -> Mul 0.5, and ... -> Add 1 -> Mul 0.5
+    -> Mul x.
+    """
+    outs = set(graph.graph_outputs)
+
+    def only_reader(t: str) -> Node | None:
+        cs = graph.consumers.get(t, ())
+        if len(cs) != 1 or t in outs:
+            return None
+        return graph.nodes[cs[0]]
+
+    src = graph.producer.get(erf.inputs[0])
+    if src is None:
+        return "Erf has no TFLite op; its input is not x / sqrt(2) inside this graph"
+    pre = graph.nodes[src]
+    if pre.op_type not in ("Div", "Mul") or only_reader(erf.inputs[0]) is not erf:
+        return "Erf has no TFLite op and is not part of an exact GELU x*0.5*(1+erf(x/sqrt2))"
+    x = next((t for t in pre.inputs if not _is_const(graph, t)), "")
+    c = _scalar_of(graph, pre, x)
+    want = math.sqrt(2.0) if pre.op_type == "Div" else 1.0 / math.sqrt(2.0)
+    if c is None or abs(c - want) > _GELU_TOL:
+        return "Erf has no TFLite op; its input is not x / sqrt(2)"
+    add = only_reader(erf.outputs[0])
+    if add is None or add.op_type != "Add" or _scalar_of(graph, add, erf.outputs[0]) != 1.0:
+        return "Erf has no TFLite op; it is not followed by + 1 of an exact GELU"
+    m1 = only_reader(add.outputs[0])
+    if m1 is None or m1.op_type != "Mul":
+        return "Erf has no TFLite op; (1 + erf) is not multiplied as in an exact GELU"
+    m2 = only_reader(m1.outputs[0])
+    if m2 is None or m2.op_type != "Mul":
+        return "Erf has no TFLite op; the exact-GELU pattern ends early"
+    half1, half2 = _scalar_of(graph, m1, add.outputs[0]), _scalar_of(graph, m2, m1.outputs[0])
+    half_last = sorted(m1.inputs) == sorted([x, add.outputs[0]]) and half2 == 0.5
+    half_first = half1 == 0.5 and sorted(m2.inputs) == sorted([x, m1.outputs[0]])
+    if not (half_last or half_first):
+        return "Erf has no TFLite op; the multiplications are not x * 0.5 * (1 + erf)"
+    for n in (pre, m2):
+        why = _float_io(n, graph)
+        if why:
+            return why
+    if graph.tensors[m2.outputs[0]].shape != graph.tensors[x].shape:
+        return "the GELU pattern broadcasts"
+    return [pre, erf, add, m1, m2]
+
+
+def _check_erf(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    chain = _gelu_chain(graph, node)
+    return chain if isinstance(chain, str) else None
+
+
+#: mapped in fp32 only: no int8 emission is written and tested for these (Ethos-U keeps its set)
+_FP32_ONLY = frozenset({
+    "BatchNormalization", "HardSigmoid", "Resize", "ConvTranspose", "Transpose", "ReduceMean",
+    "ReduceMax", "ReduceSum", "Pow", "Sqrt", "Slice", "Cast", "Gather", "Split",
+    "LayerNormalization", "Erf",
+})
+
+
+_CHECKS: dict[str, Callable[..., str | None]] = {
     "Conv": _check_conv,
     "MaxPool": _check_pool,
     "AveragePool": _check_pool,
@@ -611,21 +1168,53 @@ _CHECKS: dict[str, Callable[[Node, DataflowGraph], str | None]] = {
     "LeakyRelu": _check_unary,
     "HardSwish": _check_unary,
     "Pad": _check_pad,
+    "BatchNormalization": _check_batchnorm,
+    "HardSigmoid": _check_unary,
+    "Resize": _check_resize,
+    "ConvTranspose": _check_convtranspose,
+    "Transpose": _check_transpose,
+    "ReduceMean": _check_reduce,
+    "ReduceMax": _check_reduce,
+    "ReduceSum": _check_reduce,
+    "Pow": _check_pow,
+    "Sqrt": _check_unary,
+    "Slice": _check_slice,
+    "Cast": _check_cast,
+    "Gather": _check_gather,
+    "Split": _check_split,
+    "LayerNormalization": _check_layernorm,
+    "Erf": _check_erf,
 }
 
-#: ONNX op types the converter maps (subject to the per-node checks)
-SUPPORTED_OPS: frozenset[str] = frozenset(_CHECKS)
+#: ONNX op types the converter maps in int8 mode (subject to the per-node checks)
+SUPPORTED_OPS: frozenset[str] = frozenset(_CHECKS) - _FP32_ONLY
+#: ONNX op types the converter maps in fp32 mode (subject to the per-node checks)
+SUPPORTED_OPS_FP32: frozenset[str] = frozenset(_CHECKS)
 
 
-def convertible(node: Node, graph: DataflowGraph) -> str | None:
-    """None when `convert` maps this node, else the reason it does not. Never raises."""
+def convertible(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+    """None when `convert` maps this node in ``mode``, else the reason it does not.
+
+    Never raises. ``mode`` defaults to int8 (what the Ethos-U capabilities ask); LiteRT asks
+    for fp32, which maps more. A node whose outputs are conversion-time constants (shape
+    arithmetic) is convertible in both modes: it emits nothing.
+    """
     if node.domain not in ("", "ai.onnx"):
         return f"custom domain {node.domain!r}"
+    try:
+        if _folded(node, graph):
+            if any(o in graph.graph_outputs for o in node.outputs):
+                return "a conversion-time constant cannot be a graph output"
+            return None
+    except Exception as e:
+        return f"cannot inspect node ({type(e).__name__}: {e})"
     check = _CHECKS.get(node.op_type)
     if check is None:
         return f"no TFLite mapping for {node.op_type}"
+    if mode != "fp32" and node.op_type in _FP32_ONLY:
+        return f"{node.op_type} is converted in fp32 mode only (no int8 mapping)"
     try:
-        return check(node, graph)
+        return check(node, graph, mode)
     except Exception as e:  # a malformed node must read as unsupported, not crash a search
         return f"cannot inspect node ({type(e).__name__}: {e})"
 
@@ -644,6 +1233,7 @@ class _T:
     range: tuple[float, float] | None = None  # calibrated (act)
     pin: tuple[float, int] | None = None  # fixed qparams (act)
     refs: tuple[int, ...] = ()  # bias: (input, weight); like: (act,)
+    dtype: str = "float32"  # act: "int32" / "int64" for integer graph inputs (fp32 mode)
 
 
 @dataclass
@@ -678,6 +1268,16 @@ _OPTIONS_FOR = {
     "LEAKY_RELU": "LeakyReluOptions",
     "HARD_SWISH": "HardSwishOptions",
     "QUANTIZE": "QuantizeOptions",
+    "DIV": "DivOptions",
+    "SUM": "ReducerOptions",
+    "RESIZE_NEAREST_NEIGHBOR": "ResizeNearestNeighborOptions",
+    "RESIZE_BILINEAR": "ResizeBilinearOptions",
+    "TRANSPOSE_CONV": "TransposeConvOptions",
+    "STRIDED_SLICE": "StridedSliceOptions",
+    "SPLIT_V": "SplitVOptions",
+    "BATCH_MATMUL": "BatchMatMulOptions",
+    "GATHER": "GatherOptions",
+    "GELU": "GeluOptions",
 }
 
 
@@ -728,10 +1328,10 @@ class _Converter:
 
     def new_act(self, name: str, onnx_shape: Sequence[int] | None = None,
                 tfl_shape: Sequence[int] | None = None, *, calibrated: bool = True,
-                pin: tuple[float, int] | None = None) -> int:
+                pin: tuple[float, int] | None = None, dtype: str = "float32") -> int:
         shape = tuple(tfl_shape) if tfl_shape is not None else _nhwc(onnx_shape or ())
         rng = self.ranges.get(name) if calibrated else None
-        tid = self._add(_T(name, shape, "act", range=rng, pin=pin))
+        tid = self._add(_T(name, shape, "act", range=rng, pin=pin, dtype=dtype))
         if calibrated:
             self.by_name[name] = tid
         return tid
@@ -783,17 +1383,41 @@ class _Converter:
             return None
         return np.broadcast_to(full.reshape(-1), (channels,)).astype(np.float32)
 
-    def plan(self) -> dict[int, tuple[Node | None, Node | None]]:
-        """Per node index: the bias Add folded into it and the activation fused into it."""
-        plan: dict[int, tuple[Node | None, Node | None]] = {}
+    def plan(self) -> dict[int, tuple[tuple[Node, ...], Node | None]]:
+        """Per node index: the nodes folded into it (BatchNormalization, bias Add, or a whole
+        exact-GELU pattern) and the activation fused into it."""
+        plan: dict[int, tuple[tuple[Node, ...], Node | None]] = {}
         absorbed: set[int] = set()
         self.bias_of: dict[int, np.ndarray] = {}
+        self.bn_of: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.gelu_of: dict[int, str] = {}  # first node of a GELU pattern -> its input x
+        g = self.g
         for n in self.g.nodes:
             if n.index in absorbed:
                 continue
             bias_node = act_node = None
+            fused: list[Node] = []
             out = n.outputs[0] if n.outputs else ""
-            if n.op_type in ("Conv", "Gemm", "MatMul"):
+            if n.op_type in ("Div", "Mul") and self.mode == "fp32":
+                c = self._sole_consumer(out)
+                chain = _gelu_chain(g, c) if c is not None and c.op_type == "Erf" else None
+                if isinstance(chain, list) and chain[0] is n:
+                    self.gelu_of[n.index] = next(t for t in n.inputs if not _is_const(g, t))
+                    absorbed.update(x.index for x in chain[1:])
+                    plan[n.index] = (tuple(chain[1:]), None)
+                    continue
+            if n.op_type == "Conv" and self.mode == "fp32":
+                c = self._sole_consumer(out)
+                if c is not None and c.op_type == "BatchNormalization" \
+                        and c.domain in ("", "ai.onnx") and c.inputs[0] == out \
+                        and convertible(c, g, "fp32") is None:
+                    self.bn_of[n.index] = _bn_scale_shift(c, g)
+                    absorbed.add(c.index)
+                    fused.append(c)
+                    out = c.outputs[0]
+            dense = n.op_type in ("Conv", "Gemm") or (
+                n.op_type == "MatMul" and _is_const(g, n.inputs[1]))
+            if dense:
                 c = self._sole_consumer(out)
                 shape = self.g.tensors[out].shape
                 ch_axis = 1 if n.op_type == "Conv" else len(shape) - 1
@@ -803,16 +1427,17 @@ class _Converter:
                     bias_node = c
                     self.bias_of[n.index] = vec
                     absorbed.add(c.index)
+                    fused.append(c)
                     out = c.outputs[0]
-            if n.op_type in ("Conv", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "MaxPool",
-                             "AveragePool", "Concat"):
+            if dense or n.op_type in ("Add", "Sub", "Mul", "Div", "MaxPool", "AveragePool",
+                                      "Concat"):
                 c = self._sole_consumer(out)
                 if c is not None and _fused_act_code(c, self.g) is not None \
                         and self.g.tensors[c.outputs[0]].shape == self.g.tensors[out].shape:
                     act_node = c
                     absorbed.add(c.index)
-            if bias_node is not None or act_node is not None:
-                plan[n.index] = (bias_node, act_node)
+            if bias_node is not None or act_node is not None or fused:
+                plan[n.index] = (tuple(fused), act_node)
         self.absorbed = absorbed
         return plan
 
@@ -820,22 +1445,29 @@ class _Converter:
     def run(self) -> ConvertedModel:
         g = self.g
         for n in g.nodes:
-            why = convertible(n, g)
+            why = convertible(n, g, self.mode)
             if why is not None:
                 raise UnsupportedOp(n.name, n.op_type, why)
         plan = self.plan()
         for name in g.graph_inputs:
             info = g.tensors.get(name)
+            if info is not None and info.elem_type in _INT_TYPES and self.mode == "fp32":
+                # integer inputs (token ids) feed GATHER; they keep the ONNX layout
+                self.new_act(name, tfl_shape=info.shape, dtype=_INT_TYPES[info.elem_type])
+                continue
             if info is None or info.elem_type != FLOAT:
                 raise ConversionError(f"graph input {name!r} is not a float32 tensor")
             self.new_act(name, info.shape)
         for n in g.nodes:
-            if n.index in self.absorbed:
+            if n.index in self.absorbed or _folded(n, g):
                 continue
-            bias_node, act_node = plan.get(n.index, (None, None))
-            out = (act_node or bias_node or n).outputs[0]
-            nodes = tuple(x.name for x in (n, bias_node, act_node) if x is not None)
+            fused, act_node = plan.get(n.index, ((), None))
+            out = (act_node or (fused[-1] if fused else n)).outputs[0]
+            nodes = tuple(x.name for x in (n, *fused, act_node) if x is not None)
             act = _fused_act_code(act_node, g) if act_node is not None else None
+            if n.index in self.gelu_of:
+                self._emit_gelu(n, out, nodes)
+                continue
             getattr(self, f"_emit_{n.op_type.lower()}")(n, out, nodes, act or "NONE")
         for o in g.graph_outputs:
             if o not in self.by_name:
@@ -852,6 +1484,10 @@ class _Converter:
         bias = np.zeros(o_ch, np.float32)
         if len(n.inputs) > 2 and n.inputs[2]:
             bias = bias + _init_array(g, n.inputs[2]).astype(np.float32).reshape(-1)  # type: ignore[union-attr]
+        if n.index in self.bn_of:  # BatchNormalization folded into the weights and bias
+            scale, shift = self.bn_of[n.index]
+            w = w * scale.reshape(-1, 1, 1, 1)
+            bias = bias * scale + shift
         if n.index in self.bias_of:
             bias = bias + self.bias_of[n.index]
         group = int(_attr(n, "group", 1))  # type: ignore[arg-type]
@@ -898,6 +1534,9 @@ class _Converter:
 
     def _emit_gemm(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
         g = self.g
+        if n.op_type == "MatMul" and not _is_const(g, n.inputs[1]):
+            self._emit_batch_matmul(n, out, nodes)
+            return
         a_shape = g.tensors[n.inputs[0]].shape
         y_shape = g.tensors[n.outputs[0]].shape
         b = _init_array(g, n.inputs[1]).astype(np.float32)  # type: ignore[union-attr]
@@ -942,8 +1581,12 @@ class _Converter:
         y_shape = self.g.tensors[n.outputs[0]].shape
         r = len(y_shape)
         code = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "MUL"}[n.op_type]
+        dyn_div = n.op_type == "Div" and not _is_const(self.g, n.inputs[1])
+        if dyn_div:  # fp32 only (the check refuses it in int8)
+            code = "DIV"
         a = self._operand(n, n.inputs[0], r)
-        recip = (lambda v: (1.0 / v).astype(np.float32)) if n.op_type == "Div" else None
+        recip = (lambda v: (1.0 / v).astype(np.float32)) if n.op_type == "Div" \
+            and not dyn_div else None
         b = self._operand(n, n.inputs[1], r, transform=recip)
         y = self.new_act(out, y_shape)
         self.op(code, [a, b], [y], nodes, {"FusedActivationFunction": _act_enum(act)})
@@ -960,7 +1603,10 @@ class _Converter:
                 padding, explicit = "VALID", ((pads[0], pads[2]), (pads[1], pads[3]))
         x = self.act(n.inputs[0])
         if explicit is not None:
-            x = self._pad(x, explicit, n, "PAD" if avg else "PADV2")
+            # zero padding is exact for a max over non-negative input (after a ReLU) and,
+            # unlike PADV2, XNNPACK takes it: the max pool stays in the delegate partition
+            zero_ok = self.mode == "fp32" and self._non_negative(n.inputs[0])
+            x = self._pad(x, explicit, n, "PAD" if avg or zero_ok else "PADV2")
         y = self.new_act(out, y_shape)
         self.tie(x, y)
         self.op("AVERAGE_POOL_2D" if avg else "MAX_POOL_2D", [x], [y], nodes,
@@ -969,6 +1615,21 @@ class _Converter:
                  "FusedActivationFunction": _act_enum(act)})
 
     _emit_averagepool = _emit_maxpool
+
+    def _non_negative(self, tensor: str) -> bool:
+        """True when the tensor is the output of a ReLU or of a Clip with min >= 0."""
+        idx = self.g.producer.get(tensor)
+        if idx is None:
+            return False
+        p = self.g.nodes[idx]
+        if p.domain not in ("", "ai.onnx"):
+            return False
+        if p.op_type in ("Relu", "Sigmoid", "HardSigmoid"):
+            return True
+        if p.op_type == "Clip":
+            b = _clip_bounds(p, self.g)
+            return not isinstance(b, str) and b[0] is not None and b[0] >= 0.0
+        return False
 
     def _emit_globalaveragepool(self, n: Node, out: str, nodes: tuple[str, ...],
                                 act: str) -> None:
@@ -1013,6 +1674,12 @@ class _Converter:
 
     def _emit_softmax(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
         x = self.act(n.inputs[0])
+        if isinstance(_softmax_axis(n, self.g), str):  # fp32: last ONNX axis of a rank-4 tensor
+            t = self._to_nchw(x, n, "in")
+            mid = self._tmp(n, "softmax_nchw", self.tensors[t].shape)
+            self.op("SOFTMAX", [t], [mid], nodes, {"Beta": 1.0})
+            self._from_nchw(mid, out, nodes)
+            return
         y = self.new_act(out, self.g.tensors[n.outputs[0]].shape, pin=_PIN_SIGMOID)
         self.op("SOFTMAX", [x], [y], nodes, {"Beta": 1.0})
 
@@ -1083,6 +1750,249 @@ class _Converter:
         y = self.new_act(out, y_shape)
         self.tie(x, y)
         self.op("PAD", [x, p], [y], nodes)
+
+    # --- fp32-only emitters ------------------------------------------------------------------
+    def _tmp(self, n: Node, tag: str, tfl_shape: Sequence[int]) -> int:
+        return self.new_act(f"{n.name}/{tag}", tfl_shape=tfl_shape, calibrated=False)
+
+    def _scalar(self, n: Node, tag: str, value: float, rank: int) -> int:
+        return self.const(f"{n.name}/{tag}", np.full((1,) * rank, value, np.float32), "const")
+
+    def _to_nchw(self, x: int, n: Node, tag: str) -> int:
+        """TRANSPOSE an NHWC-held rank-4 tensor to the ONNX (NCHW) layout."""
+        s = self.tensors[x].shape
+        perm = self.const(f"{n.name}/{tag}_to_nchw_perm", np.array([0, 3, 1, 2]), "int32")
+        t = self._tmp(n, f"{tag}_nchw", (s[0], s[3], s[1], s[2]))
+        self.tie(x, t)
+        self.op("TRANSPOSE", [x, perm], [t], (n.name,))
+        return t
+
+    def _from_nchw(self, x: int, out: str, nodes: tuple[str, ...]) -> int:
+        """TRANSPOSE an NCHW rank-4 result into the NHWC-held tensor ``out``."""
+        perm = self.const(f"{out}/to_nhwc_perm", np.array([0, 2, 3, 1]), "int32")
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.tie(x, y)
+        self.op("TRANSPOSE", [x, perm], [y], nodes)
+        return y
+
+    def _emit_batchnormalization(self, n: Node, out: str, nodes: tuple[str, ...],
+                                 act: str) -> None:
+        shape = self.g.tensors[n.inputs[0]].shape
+        r = len(shape)
+        scale, shift = _bn_scale_shift(n, self.g)
+        cshape = [1] * r
+        cshape[3 if r == 4 else 1] = shape[1]  # channels are last in NHWC
+        x = self.act(n.inputs[0])
+        s = self.const(f"{n.name}/scale", scale.reshape(cshape), "const")
+        b = self.const(f"{n.name}/shift", shift.reshape(cshape), "const")
+        mid = self._tmp(n, "scaled", self.tensors[x].shape)
+        self.op("MUL", [x, s], [mid], nodes, {"FusedActivationFunction": 0})
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.op("ADD", [mid, b], [y], nodes, {"FusedActivationFunction": _act_enum(act)})
+
+    def _emit_hardsigmoid(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        # max(0, min(1, a*x + b)) = relu6(6a*x + 6b) / 6: MUL, ADD with fused RELU6, MUL
+        alpha = float(_attr(n, "alpha", 0.2))  # type: ignore[arg-type]
+        beta = float(_attr(n, "beta", 0.5))  # type: ignore[arg-type]
+        y_shape = self.g.tensors[out].shape
+        r = len(y_shape)
+        x = self.act(n.inputs[0])
+        t1 = self._tmp(n, "scaled", self.tensors[x].shape)
+        self.op("MUL", [x, self._scalar(n, "alpha6", 6.0 * alpha, r)], [t1], nodes,
+                {"FusedActivationFunction": 0})
+        t2 = self._tmp(n, "shifted", self.tensors[x].shape)
+        self.op("ADD", [t1, self._scalar(n, "beta6", 6.0 * beta, r)], [t2], nodes,
+                {"FusedActivationFunction": _act_enum("RELU6")})
+        y = self.new_act(out, y_shape)
+        self.op("MUL", [t2, self._scalar(n, "sixth", 1.0 / 6.0, r)], [y], nodes,
+                {"FusedActivationFunction": 0})
+
+    def _emit_sqrt(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.op("SQRT", [self.act(n.inputs[0])], [y], nodes)
+
+    def _emit_cast(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        x = self.act(n.inputs[0])  # float32 -> float32: an identity, as a RESHAPE
+        shape = self.tensors[x].shape
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.op("RESHAPE", [x, self.const(f"{n.name}/shape", np.array(shape), "int32")], [y],
+                nodes, {"NewShape": list(shape)})
+
+    def _emit_pow(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        e = _pow_exponent(n, self.g)
+        y_shape = self.g.tensors[out].shape
+        x = self.act(n.inputs[0])
+        y = self.new_act(out, y_shape)
+        if e == 2.0:
+            self.op("MUL", [x, x], [y], nodes, {"FusedActivationFunction": 0})
+        elif e == 0.5:
+            self.op("SQRT", [x], [y], nodes)
+        else:
+            self.op("POW", [x, self._scalar(n, "exponent", e, len(y_shape))], [y], nodes)  # type: ignore[arg-type]
+
+    def _emit_resize(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        code, align, half = _resize_params(n, self.g)  # type: ignore[misc]
+        y_shape = self.g.tensors[out].shape
+        size = self.const(f"{n.name}/size", np.array(y_shape[2:]), "int32")
+        y = self.new_act(out, y_shape)
+        self.op(code, [self.act(n.inputs[0]), size], [y], nodes,
+                {"AlignCorners": align, "HalfPixelCenters": half})
+
+    def _emit_convtranspose(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        g = self.g
+        x_shape = g.tensors[n.inputs[0]].shape
+        y_shape = g.tensors[out].shape
+        w = _init_array(g, n.inputs[1]).astype(np.float32)  # type: ignore[union-attr]
+        wt = np.ascontiguousarray(w.transpose(1, 2, 3, 0))  # [I, O, kh, kw] -> [O, kh, kw, I]
+        s = _ints(_attr(n, "strides"), (1, 1))
+        pads = _ints(_attr(n, "pads"), (0, 0, 0, 0))
+        x = self.act(n.inputs[0])
+        osh = self.const(f"{n.name}/output_shape", np.array(_nhwc(y_shape)), "int32")
+        wid = self.const(f"{n.name}/weights", wt, "weight", axis=0)
+        has_bias = len(n.inputs) > 2 and bool(n.inputs[2])
+        y = self._tmp(n, "conv", _nhwc(y_shape)) if has_bias else self.new_act(out, y_shape)
+        macs = int(np.prod(x_shape)) * w.shape[1] * w.shape[2] * w.shape[3]
+        self.op("TRANSPOSE_CONV", [osh, wid, x], [y], nodes,
+                {"Padding": 1 if not any(pads) else 0, "StrideW": s[1], "StrideH": s[0]}, macs)
+        if has_bias:
+            bias = _init_array(g, n.inputs[2]).astype(np.float32).reshape(1, 1, 1, -1)  # type: ignore[union-attr]
+            b = self.const(f"{n.name}/bias", bias, "const")
+            yb = self.new_act(out, y_shape)
+            self.op("ADD", [y, b], [yb], nodes, {"FusedActivationFunction": 0})
+
+    def _emit_transpose(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        r = _dyn_rank(self.g, n.inputs[0])
+        perm = _ints(_attr(n, "perm"), tuple(reversed(range(r))))
+        tperm = _perm_nhwc(perm) if r == 4 else perm
+        x = self.act(n.inputs[0])
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.tie(x, y)
+        self.op("TRANSPOSE", [x, self.const(f"{n.name}/perm", np.array(tperm), "int32")], [y],
+                nodes)
+
+    def _emit_reducemean(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        axes = _reduce_axes(n, self.g)
+        keep = bool(int(_attr(n, "keepdims", 1)))  # type: ignore[arg-type]
+        r = _dyn_rank(self.g, n.inputs[0])
+        x = self.act(n.inputs[0])
+        taxes: Sequence[int] = axes  # type: ignore[assignment]
+        if r == 4:
+            remaining = [a for a in (0, 2, 3, 1) if a not in axes]
+            if keep or remaining == sorted(remaining):
+                taxes = sorted({0: 0, 1: 3, 2: 1, 3: 2}[a] for a in axes)  # type: ignore[union-attr]
+            else:  # the kept axes would come out in NHWC order: reduce in NCHW instead
+                x = self._to_nchw(x, n, "in")
+        code = {"ReduceMean": "MEAN", "ReduceMax": "REDUCE_MAX", "ReduceSum": "SUM"}[n.op_type]
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.op(code, [x, self.const(f"{n.name}/axes", np.array(list(taxes)), "int32")], [y],
+                nodes, {"KeepDims": keep})
+
+    _emit_reducemax = _emit_reducesum = _emit_reducemean
+
+    def _emit_slice(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        shape = self.g.tensors[n.inputs[0]].shape
+        begin, end, stride = _slice_spec(n, self.g, shape)  # type: ignore[misc]
+        if len(shape) == 4:
+            q = (0, 2, 3, 1)
+            begin, end, stride = ([v[a] for a in q] for v in (begin, end, stride))
+        ins = [self.act(n.inputs[0])] + [
+            self.const(f"{n.name}/{tag}", np.array(v), "int32")
+            for tag, v in (("begin", begin), ("end", end), ("strides", stride))]
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.op("STRIDED_SLICE", ins, [y], nodes,
+                {"BeginMask": 0, "EndMask": 0, "EllipsisMask": 0, "NewAxisMask": 0,
+                 "ShrinkAxisMask": 0})
+
+    def _emit_gather(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        g = self.g
+        x_shape = g.tensors[n.inputs[0]].shape
+        axis = int(_attr(n, "axis", 0))  # type: ignore[arg-type]
+        axis = axis + len(x_shape) if axis < 0 else axis
+        table = _init_array(g, n.inputs[0])
+        if table is not None:  # an embedding table: kept in the ONNX layout
+            p = self.const(f"{n.name}/params", table.astype(np.float32), "const")
+        else:
+            p = self.act(n.inputs[0])
+            if len(x_shape) == 4:
+                p = self._to_nchw(p, n, "params")
+        idx = _init_array(g, n.inputs[1])
+        i = self.const(f"{n.name}/indices", idx, "int32") if idx is not None \
+            else self.act(n.inputs[1])
+        y_shape = g.tensors[out].shape
+        y = self._tmp(n, "nchw", y_shape) if len(y_shape) == 4 else self.new_act(out, y_shape)
+        self.op("GATHER", [p, i], [y], nodes, {"Axis": axis, "BatchDims": 0})
+        if len(y_shape) == 4:
+            self._from_nchw(y, out, nodes)
+
+    def _emit_split(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        axis, sizes = _split_sizes(n, self.g)  # type: ignore[misc]
+        if _dyn_rank(self.g, n.inputs[0]) == 4:
+            axis = {0: 0, 1: 3, 2: 1, 3: 2}[axis]
+        ys = [self.new_act(o, self.g.tensors[o].shape) for o in n.outputs]
+        self.op("SPLIT_V", [self.act(n.inputs[0]),
+                            self.const(f"{n.name}/sizes", np.array(sizes), "int32"),
+                            self.const(f"{n.name}/axis", np.array(axis), "int32")],
+                ys, nodes, {"NumSplits": len(sizes)})
+
+    def _emit_layernormalization(self, n: Node, out: str, nodes: tuple[str, ...],
+                                 act: str) -> None:
+        # (x - mean) * rsqrt(mean((x - mean)^2) + eps) * scale + bias, over axes axis..r-1
+        g = self.g
+        shape = g.tensors[n.inputs[0]].shape
+        r = len(shape)
+        axis = int(_attr(n, "axis", -1))  # type: ignore[arg-type]
+        axis = axis + r if axis < 0 else axis
+        eps = float(_attr(n, "epsilon", 1e-5))  # type: ignore[arg-type]
+        red = tuple(1 if a >= axis else d for a, d in enumerate(shape))
+        axes = self.const(f"{n.name}/axes", np.arange(axis, r), "int32")
+        x = self.act(n.inputs[0])
+        mean = self._tmp(n, "mean", red)
+        self.op("MEAN", [x, axes], [mean], nodes, {"KeepDims": True})
+        d = self._tmp(n, "centered", shape)
+        self.op("SUB", [x, mean], [d], nodes, {"FusedActivationFunction": 0})
+        sq = self._tmp(n, "squared", shape)
+        self.op("MUL", [d, d], [sq], nodes, {"FusedActivationFunction": 0})
+        var = self._tmp(n, "var", red)
+        self.op("MEAN", [sq, axes], [var], nodes, {"KeepDims": True})
+        ve = self._tmp(n, "var_eps", red)
+        self.op("ADD", [var, self._scalar(n, "eps", eps, r)], [ve], nodes,
+                {"FusedActivationFunction": 0})
+        inv = self._tmp(n, "rstd", red)
+        self.op("RSQRT", [ve], [inv], nodes)
+        nrm = self._tmp(n, "normalized", shape)
+        self.op("MUL", [d, inv], [nrm], nodes, {"FusedActivationFunction": 0})
+        bshape = (1,) * axis + tuple(shape[axis:])
+
+        def per_axes(t: str) -> np.ndarray:  # a scale / bias over the normalised axes
+            v = _init_array(g, t).astype(np.float32)  # type: ignore[union-attr]
+            v = v.reshape(bshape) if v.size > 1 else v.reshape((1,) * r)
+            return np.ascontiguousarray(np.broadcast_to(v, bshape))
+
+        has_bias = len(n.inputs) > 2 and bool(n.inputs[2])
+        sc = self.const(f"{n.name}/scale", per_axes(n.inputs[1]), "const")
+        y = self._tmp(n, "scaled", shape) if has_bias else self.new_act(out, shape)
+        self.op("MUL", [nrm, sc], [y], nodes, {"FusedActivationFunction": 0})
+        if has_bias:
+            b = self.const(f"{n.name}/bias", per_axes(n.inputs[2]), "const")
+            yb = self.new_act(out, shape)
+            self.op("ADD", [y, b], [yb], nodes, {"FusedActivationFunction": 0})
+
+    def _emit_gelu(self, n: Node, out: str, nodes: tuple[str, ...]) -> None:
+        x = self.act(self.gelu_of[n.index])
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.op("GELU", [x], [y], nodes, {"Approximate": False})
+
+    def _emit_batch_matmul(self, n: Node, out: str, nodes: tuple[str, ...]) -> None:
+        a_shape = self.g.tensors[n.inputs[0]].shape
+        y_shape = self.g.tensors[out].shape
+        a, b = self.act(n.inputs[0]), self.act(n.inputs[1])
+        if len(a_shape) == 4:  # attention: both operands back to the ONNX layout
+            a, b = self._to_nchw(a, n, "a"), self._to_nchw(b, n, "b")
+        y = self._tmp(n, "nchw", y_shape) if len(y_shape) == 4 else self.new_act(out, y_shape)
+        self.op("BATCH_MATMUL", [a, b], [y], nodes, {"AdjX": False, "AdjY": False},
+                int(np.prod(y_shape)) * a_shape[-1])
+        if len(y_shape) == 4:
+            self._from_nchw(y, out, nodes)
 
     # --- quantisation and serialisation ----------------------------------------------------
     def _resolve_qparams(self) -> dict[int, tuple[float, int]]:
@@ -1200,6 +2110,8 @@ def _encode(conv: _Converter, tid: int, q: Mapping[int, tuple[float, int]],
     int8 = conv.mode == "int8"
     if t.kind == "int32":
         return _Encoded(2, np.ascontiguousarray(t.data, np.int32).tobytes())  # type: ignore[arg-type]
+    if t.dtype != "float32":  # integer graph input (fp32 mode): TensorType INT32 / INT64
+        return _Encoded(2 if t.dtype == "int32" else 4, None)
     if not int8:
         data = None if t.data is None else np.ascontiguousarray(t.data, np.float32).tobytes()
         return _Encoded(0, data)
@@ -1392,7 +2304,7 @@ def _serialise(conv: _Converter, q: Mapping[int, tuple[float, int]]) -> Converte
         return IOSpec(
             name=name, index=tid, onnx_shape=tuple(g.tensors[name].shape),
             tflite_shape=conv.tensors[tid].shape,
-            dtype="int8" if conv.mode == "int8" else "float32",
+            dtype="int8" if conv.mode == "int8" else conv.tensors[tid].dtype,
             scale=float(e.scale[0]) if e.scale else 0.0,
             zero_point=int(e.zero_point[0]) if e.zero_point else 0,
         )
