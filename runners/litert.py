@@ -7,11 +7,13 @@ operator. LiteRT runs TFLite, not ONNX, so candidates go through the in-repo ONN
 writer (`runners.tflite_convert`) in its **fp32** mode (no quantisation, no calibration ranges),
 the same writer the Ethos-U runner uses in int8 mode.
 
-Capabilities: exactly the nodes the converter maps (`tflite_convert.convertible`). The check is
-the same for both modes (int8 additionally needs calibrated ranges, which fp32 does not), it is
-a pure function of the node and its graph, and it imports nothing heavy, so the coordinator can
-call it on a laptop with no LiteRT installed. `convert` runs the same check and raises
-`UnsupportedOp` with the same reason, which becomes an ``unsupported`` row.
+Capabilities: exactly the nodes the converter maps in fp32 mode
+(``tflite_convert.convertible(node, graph, "fp32")``). fp32 maps more than int8 (BatchNorm,
+Resize, ConvTranspose, LayerNorm, attention's Transpose / batched MatMul / Softmax, exact GELU,
+shape arithmetic folded at conversion time, ...), which the Ethos-U target, asking for int8, does
+not get. The check is a pure function of the node and its graph, and it imports nothing heavy,
+so the coordinator can call it on a laptop with no LiteRT installed. `convert` runs the same
+check and raises `UnsupportedOp` with the same reason, which becomes an ``unsupported`` row.
 
 Build: convert (fp32), then an ``ai_edge_litert.interpreter.Interpreter`` from the flatbuffer
 with ``num_threads`` = the target's ``threads`` option (1 by default; the measurement uses
@@ -37,8 +39,9 @@ stored in the row's details as ``layout_boundary_s``, so the gap between an isol
 plan's measured time can be explained (and used as a hand-off penalty).
 
 Feeds are seeded from the fingerprint exactly as `collage_farm.graph.random_inputs` seeds them
-for the ONNX model (float32 standard normal per input, in graph-input order), so LiteRT sees the
-same data as ONNX Runtime and OpenVINO for the same candidate.
+for the ONNX model (float32 standard normal per input, integers in [0, 4) for integer inputs such
+as token ids, in graph-input order), so LiteRT sees the same data as ONNX Runtime and OpenVINO
+for the same candidate.
 """
 
 from __future__ import annotations
@@ -82,14 +85,14 @@ BOUNDARY_REPS = 20
 
 
 class LiteRTCapabilities(Capabilities):
-    """Nodes the ONNX -> TFLite writer maps (its fp32 mode takes what its int8 mode takes)."""
+    """Nodes the ONNX -> TFLite writer maps in its fp32 mode (a superset of its int8 mode)."""
 
     style = "graph"
 
     def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
         from runners.tflite_convert import convertible  # numpy only; no LiteRT, no Vela
 
-        why = convertible(node, graph)
+        why = convertible(node, graph, "fp32")
         return None if why is None else f"litert: {why}"
 
 
@@ -118,8 +121,11 @@ def _io_specs(details: list[dict[str, Any]]) -> tuple[IOSpec, ...]:
     out = []
     for d in details:
         tfl = tuple(int(x) for x in d["shape"])
-        onnx_shape = (tfl[0], tfl[3], tfl[1], tfl[2]) if len(tfl) == 4 else tfl
-        dtype = "int8" if d["dtype"].__name__ == "int8" else "float32"
+        name = d["dtype"].__name__
+        dtype = name if name in ("int8", "int32", "int64") else "float32"
+        # integer inputs (token ids) keep the ONNX layout; rank-4 float / int8 ones are NHWC
+        nhwc = len(tfl) == 4 and dtype in ("float32", "int8")
+        onnx_shape = (tfl[0], tfl[3], tfl[1], tfl[2]) if nhwc else tfl
         scale, zp = d.get("quantization", (0.0, 0))
         out.append(IOSpec(name=str(d["name"]), index=int(d["index"]), onnx_shape=onnx_shape,
                           tflite_shape=tfl, dtype=dtype, scale=float(scale),
@@ -353,8 +359,13 @@ class LiteRTToolchain(Toolchain):
         import numpy as np
 
         rng = np.random.default_rng(seed)
-        return {s.name: rng.standard_normal(s.onnx_shape).astype(np.float32)
-                for s in handle.inputs}
+        out: dict[str, np.ndarray] = {}
+        for s in handle.inputs:
+            if s.dtype in ("int32", "int64"):  # random_inputs: integers in [0, 4)
+                out[s.name] = rng.integers(0, 4, size=s.onnx_shape).astype(s.dtype)
+            else:
+                out[s.name] = rng.standard_normal(s.onnx_shape).astype(np.float32)
+        return out
 
     def handle_for(self, fingerprint: str, data: bytes, target: Target, threads: int
                    ) -> tuple[_Handle, bool]:

@@ -1079,6 +1079,9 @@ def _scalar_of(graph: DataflowGraph, node: Node, dynamic: str) -> float | None:
     return float(v.reshape(()))
 
 
+_ERF = "Erf has no TFLite op; converted only inside an exact GELU x*0.5*(1+erf(x/sqrt2)): "
+
+
 def _gelu_chain(graph: DataflowGraph, erf: Node) -> list[Node] | str:
     """[Div|Mul, Erf, Add, Mul, Mul]: the exact-GELU pattern around an Erf, or why not.
 
@@ -1098,29 +1101,29 @@ def _gelu_chain(graph: DataflowGraph, erf: Node) -> list[Node] | str:
 
     src = graph.producer.get(erf.inputs[0])
     if src is None:
-        return "Erf has no TFLite op; its input is not x / sqrt(2) inside this graph"
+        return _ERF + "its input is not x / sqrt(2) inside this graph"
     pre = graph.nodes[src]
     if pre.op_type not in ("Div", "Mul") or only_reader(erf.inputs[0]) is not erf:
-        return "Erf has no TFLite op and is not part of an exact GELU x*0.5*(1+erf(x/sqrt2))"
+        return _ERF + "its input is not read by the Erf alone"
     x = next((t for t in pre.inputs if not _is_const(graph, t)), "")
     c = _scalar_of(graph, pre, x)
     want = math.sqrt(2.0) if pre.op_type == "Div" else 1.0 / math.sqrt(2.0)
     if c is None or abs(c - want) > _GELU_TOL:
-        return "Erf has no TFLite op; its input is not x / sqrt(2)"
+        return _ERF + "its input is not x / sqrt(2)"
     add = only_reader(erf.outputs[0])
     if add is None or add.op_type != "Add" or _scalar_of(graph, add, erf.outputs[0]) != 1.0:
-        return "Erf has no TFLite op; it is not followed by + 1 of an exact GELU"
+        return _ERF + "it is not followed by + 1 of an exact GELU"
     m1 = only_reader(add.outputs[0])
     if m1 is None or m1.op_type != "Mul":
-        return "Erf has no TFLite op; (1 + erf) is not multiplied as in an exact GELU"
+        return _ERF + "(1 + erf) is not multiplied as in an exact GELU"
     m2 = only_reader(m1.outputs[0])
     if m2 is None or m2.op_type != "Mul":
-        return "Erf has no TFLite op; the exact-GELU pattern ends early"
+        return _ERF + "the exact-GELU pattern ends early"
     half1, half2 = _scalar_of(graph, m1, add.outputs[0]), _scalar_of(graph, m2, m1.outputs[0])
     half_last = sorted(m1.inputs) == sorted([x, add.outputs[0]]) and half2 == 0.5
     half_first = half1 == 0.5 and sorted(m2.inputs) == sorted([x, m1.outputs[0]])
     if not (half_last or half_first):
-        return "Erf has no TFLite op; the multiplications are not x * 0.5 * (1 + erf)"
+        return _ERF + "the multiplications are not x * 0.5 * (1 + erf)"
     for n in (pre, m2):
         why = _float_io(n, graph)
         if why:

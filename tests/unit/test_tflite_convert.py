@@ -264,8 +264,8 @@ def _w(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
 
 
 UNSUPPORTED = {
-    "no_mapping": (_one_node_model(helper.make_node("Erf", ["x"], ["y"], name="erf"),
-                                   [("x", [1, 4])], [1, 4]), "no TFLite mapping for Erf"),
+    "no_mapping": (_one_node_model(helper.make_node("Hardmax", ["x"], ["y"], name="hardmax"),
+                                   [("x", [1, 4])], [1, 4]), "no TFLite mapping for Hardmax"),
     "custom_domain": (_one_node_model(
         helper.make_node("Frob", ["x"], ["y"], name="frob", domain="example.custom"),
         [("x", [1, 4])], [1, 4], domain="example.custom"), "custom domain"),
@@ -291,9 +291,9 @@ def test_unsupported_reason_is_convertibles(case: str) -> None:
     model, fragment = UNSUPPORTED[case]
     g = load_graph(model)
     node = g.nodes[0]
-    why = convertible(node, g)
-    assert why is not None and fragment in why, why
     for mode in ("int8", "fp32"):
+        why = convertible(node, g, mode)
+        assert why is not None and fragment in why, why
         with pytest.raises(UnsupportedOp) as ei:
             convert(model, mode, {t: (-1.0, 1.0) for t in g.tensors})
         assert ei.value.reason == why and ei.value.node_name == node.name
