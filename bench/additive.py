@@ -227,7 +227,7 @@ def write_report(out_dir: str, modes: Sequence[str], probe: dict, rows: list[dic
         f"{load_after[1]:.2f}/{load_after[2]:.2f} (machine shared with other jobs).",
         f"Targets {targets}; candidates measured in process with the default "
         "MeasureConfig in each mode (network: eviction per candidate = the rest of the "
-        "model's bytes, clamped to [2 x L2, 2 x LLC]); plans run end to end interleaved "
+        "model's bytes, at most 2 x LLC); plans run end to end interleaved "
         "with the whole models (warm, 7 rounds). "
         "additive error = (measured - estimated) / measured.", "",
         "Memory-bound candidate (MatMul 1x2048 by 2048x2048, 16 MiB weights), median us:", "",

@@ -66,8 +66,9 @@ def candidate_config(config: MeasureConfig, candidate: CandidatePartition) -> Me
     (`SubGraph.rest_of_network_bytes`), so every candidate is timed in its own network."""
     if config.measure_mode != "network" or config.network_bytes or config.flush_bytes:
         return config
-    return dataclasses.replace(config,
-                               network_bytes=candidate.sub_graph.rest_of_network_bytes())
+    # at least 1 byte: 0 would mean "size unknown" (2 x L2); the whole model has no rest
+    return dataclasses.replace(
+        config, network_bytes=max(1, candidate.sub_graph.rest_of_network_bytes()))
 
 
 def _ranges(value: Any) -> TensorRanges:

@@ -88,7 +88,7 @@ class MeasureConfig:
     ``network_bytes`` (``network`` mode) is how many bytes the *rest of the network* touches
     between two runs of this candidate: the model's weights and activations minus the
     candidate's own (`SubGraph.rest_of_network_bytes`). Campaigns set it per request; the runner
-    evicts that much, clamped to [2 x L2, 2 x LLC] of *its* machine (`runners.measure.
+    evicts that much, at most 2 x LLC of *its* machine (`runners.measure.
     network_eviction_bytes`); 0 evicts the core's private caches only. ``flush_bytes``, when
     > 0, overrides the eviction size of ``flush`` and ``network`` modes (0: twice the LLC for
     ``flush``). Rows written before modes existed have no ``mode`` in their JSON and read as

@@ -291,3 +291,29 @@ def test_candidate_config_sizes_network_mode_per_candidate(tiny: DataflowGraph) 
     assert candidate_config(fixed, c) is fixed  # an explicit size wins
     flushed = MeasureConfig(mode="network", flush_bytes=4 << 20)
     assert candidate_config(flushed, c) is flushed
+
+
+def test_offline_campaign_filters_rows_by_mode_only_when_asked(tmp_path: Path,
+                                                               tiny: DataflowGraph) -> None:
+    """``tune --offline --measure-mode M`` uses only rows taken in M; without it, any mode."""
+    from collage_farm.campaign import TuneOptions, make_estimator
+    from collage_farm.costtable import CostTableWriter, row_from_result
+    from runners.base import DeviceDescription, MeasureConfig, MeasureResult, Status, Summary
+
+    c = _cand(tiny, ["conv"])
+    res = MeasureResult(c.fingerprint, ORT, Status.OK, MeasureConfig(mode="warm"),
+                        samples=(1e-3,), summary=Summary.of((1e-3,)),
+                        device=DeviceDescription("cpu", "x", 2), toolchain_version="1")
+    with CostTableWriter(tmp_path / "t", background=False) as w:
+        w.append(row_from_result(res, campaign_id="c", model="tiny", nodes=["conv"],
+                                 op_types=["Conv"]))
+    base = dict(model="unused", targets=(ORT,), out=tmp_path / "o", estimator="offline",
+                cost_table=tmp_path / "t", strictness="any")
+    est = make_estimator(TuneOptions(**base), tiny)
+    assert isinstance(est, TableEstimator) and est.mode is None
+    assert est.estimate([c])[0].seconds == pytest.approx(1e-3)
+    est = make_estimator(TuneOptions(**base, measure_mode="network"), tiny)
+    assert isinstance(est, TableEstimator) and est.mode == "network"
+    with pytest.raises(MissingCostsError):
+        est.estimate([c])
+        est.check()
