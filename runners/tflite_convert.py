@@ -1215,7 +1215,7 @@ def convertible(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | N
     if check is None:
         return f"no TFLite mapping for {node.op_type}"
     if mode != "fp32" and node.op_type in _FP32_ONLY:
-        return f"{node.op_type} is converted in fp32 mode only (no int8 mapping)"
+        return f"no TFLite mapping for {node.op_type} in int8 mode (fp32 only)"
     try:
         return check(node, graph, mode)
     except Exception as e:  # a malformed node must read as unsupported, not crash a search

@@ -343,7 +343,7 @@ def test_fp32_only_ops_stay_refused_in_int8(op: str) -> None:
     node = next(n for n in g.nodes if n.op_type == op)
     assert convertible(node, g, "fp32") is None
     why = convertible(node, g)
-    assert why is not None and "fp32 mode only" in why
+    assert why is not None and "in int8 mode (fp32 only)" in why
     with pytest.raises(UnsupportedOp):
         convert(model, "int8", {t: (-1.0, 1.0) for t in g.tensors})
 
