@@ -343,7 +343,7 @@ def _bind_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
                     f"{len(tt.shape.dim)}"
                 )
             for d_i, (d, w) in enumerate(zip(tt.shape.dim, want)):
-                if d.HasField("dim_value") and d.dim_value not in (0, w) and d.dim_value != w:
+                if _fixed_dim(d) and d.dim_value != w:
                     raise ModelError(
                         f"--shape {inp.name}: dim {d_i} is fixed to {d.dim_value} in the model, "
                         f"{w} given"
@@ -357,18 +357,55 @@ def _bind_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
                 f"input {inp.name!r} has no shape; bind it with --shape {inp.name}=DxDx..."
             )
         for d_i, d in enumerate(tt.shape.dim):
-            if not d.HasField("dim_value") or d.dim_value <= 0:
-                label = d.dim_param or "?"
+            if not _fixed_dim(d):
+                label = d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
                 what = (f"dimension {d_i} of size 0 (an empty tensor, or an unknown size "
                         f"written as 0)" if d.HasField("dim_value") and d.dim_value == 0
                         else f"dynamic dimension {d_i} ({label!r})")
                 raise ModelError(
                     f"input {inp.name!r} has {what}; bind it with "
                     f"--shape {inp.name}=" + "x".join(
-                        str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N"
-                        for x in tt.shape.dim
+                        str(x.dim_value) if _fixed_dim(x) else "N" for x in tt.shape.dim
                     )
                 )
+
+
+def _fixed_dim(d: onnx.TensorShapeProto.Dimension) -> bool:
+    """Whether a dimension has a concrete size.
+
+    Only a positive ``dim_value`` is one: exporters write unknown sizes as ``dim_param``, as
+    nothing, as 0, or (PaddlePaddle's paddle2onnx) as -1, and all of those mean dynamic.
+    """
+    return d.HasField("dim_value") and d.dim_value > 0
+
+
+def _clear_negative_dims(model: onnx.ModelProto) -> None:
+    """Make ``dim_value < 0`` (paddle2onnx's "dynamic") a plain unknown dimension.
+
+    Negative sizes are not valid ONNX, and shape inference, ONNX Runtime's probe run and the
+    toolchains would each read -1 differently (as a size, a mismatch, or an error). Rewriting
+    them once, as dimensions with neither value nor name, means every later step sees the
+    standard spelling of "dynamic". Zero sizes are left as they are: 0 can be a real empty
+    tensor, which inference or the probe run then settles.
+    """
+    g = model.graph
+    for vi in [*g.input, *g.output, *g.value_info]:
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.ClearField("dim_value")
+
+
+def bind_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Bind ``model``'s runtime inputs to ``shapes`` in place, with `load_graph`'s checks.
+
+    For callers that need the original model, not the loaded graph, with static inputs: a
+    plan's reference model run whole on each toolchain. Raises `ModelError` as loading does
+    (unknown input, rank or fixed-size mismatch, a dynamic dimension left unbound).
+    """
+    _clear_negative_dims(model)
+    _bind_inputs(model, shapes)
 
 
 def _fold_constants(model: onnx.ModelProto) -> None:
@@ -402,6 +439,131 @@ def _fold_constants(model: onnx.ModelProto) -> None:
         g.node.extend(keep)
 
 
+#: ops never folded although their inputs are constant: their outputs differ run to run
+_NONDETERMINISTIC = frozenset(
+    "RandomNormal RandomUniform RandomNormalLike RandomUniformLike Multinomial Bernoulli".split())
+#: largest tensor (elements) a folded node may produce: shape vectors, indices, masks; not
+#: weights, which stay work for the toolchains (and would bloat every candidate's file)
+MAX_FOLDED_ELEMENTS = 4096
+
+
+def _fold_shape_computations(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
+                             graph_outputs: set[str], probed: set[str]) -> bool:
+    """Replace shape computations, constant once inputs are bound, by initializers.
+
+    Why: exporters that keep dynamic dims (jax2tf, paddle2onnx, torch with dynamic axes) compute
+    Reshape/Expand/Slice arguments at run time, ``Shape -> Gather/Slice -> Concat -> Reshape``.
+    Once the inputs are bound those values are fixed, but as nodes they are cut into
+    candidates like any other: a candidate whose Reshape reads a shape vector produced outside
+    it receives that vector as a runtime input, which the runners fill with random integers,
+    and the measurement fails ("cannot reshape", "invalid expand shape"). Folded, the vector is
+    an initializer that travels with every sub-graph reading it.
+
+    A node folds when it is a deterministic default-domain op without sub-graphs, produces no
+    graph output, produces at most `MAX_FOLDED_ELEMENTS` elements per output, reads only
+    constants (initializers, earlier folded tensors) and either reads a shape (``Shape``/``Size``
+    of a statically shaped tensor, or a value derived from one) or produces integers or
+    booleans only. Pure float computations on initializers (an embedding ``Gather`` at fixed
+    positions) are left alone: they are real work, and the zoo's models keep their nodes.
+    Shapes learnt by the probe run (``probed``) are data dependent (NonZero, ...) and never
+    folded. Values are computed by one ONNX Runtime run; if that fails nothing is folded.
+    Returns whether anything was.
+    """
+    g = model.graph
+    const = {t.name for t in g.initializer}
+    shape_derived: set[str] = set()
+    known: dict[str, np.ndarray] = {}  # Shape/Size outputs, computed here
+    fold: list[onnx.NodeProto] = []
+    folded_ids: set[int] = set()  # id(): protobuf == compares whole messages
+    for n in g.node:
+        outs = [o for o in n.output if o]
+        ins = [t for t in n.input if t]
+        if (n.domain not in ("", "ai.onnx") or not outs or not ins
+                or n.op_type in _NONDETERMINISTIC or n.op_type == "Constant"
+                or any(o in graph_outputs for o in outs)
+                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                       for a in n.attribute)):
+            continue
+        if n.op_type in ("Shape", "Size") and len(outs) == 1:
+            src = tensors.get(ins[0])
+            if src is None or ins[0] in probed:
+                continue
+            if n.op_type == "Size":
+                known[outs[0]] = np.array(src.size, dtype=np.int64)
+            else:
+                at = {a.name: a.i for a in n.attribute}
+                start, end = at.get("start", 0), at.get("end", len(src.shape))
+                known[outs[0]] = np.array(src.shape[start:end], dtype=np.int64)
+            shape_derived.add(outs[0])
+            const.add(outs[0])
+            fold.append(n)
+            folded_ids.add(id(n))
+            continue
+        if not all(t in const for t in ins):
+            continue
+        infos = [tensors.get(o) for o in outs]
+        if any(i is None or i.size > MAX_FOLDED_ELEMENTS for i in infos):
+            continue
+        derived = any(t in shape_derived for t in ins)
+        if not derived and not all(np.dtype(dtype_name(i.elem_type)).kind in "iub"
+                                   for i in infos if i is not None):
+            continue
+        fold.append(n)
+        folded_ids.add(id(n))
+        const.update(outs)
+        if derived:
+            shape_derived.update(outs)
+    if not fold:
+        return False
+    values = dict(known)
+    compute = [n for n in fold if n.op_type not in ("Shape", "Size")]
+    if compute:
+        values.update(_evaluate_constant_nodes(model, compute, known))
+        if not values.keys() >= {o for n in compute for o in n.output if o}:
+            return False
+    keep = [n for n in g.node if id(n) not in folded_ids]
+    consumed = {t for n in keep for t in n.input if t}
+    del g.node[:]
+    g.node.extend(keep)
+    for name, arr in values.items():
+        if name in consumed:
+            g.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
+    folded = set(values)
+    vis = [vi for vi in g.value_info if vi.name not in folded]
+    del g.value_info[:]
+    g.value_info.extend(vis)
+    return True
+
+
+def _evaluate_constant_nodes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
+                             known: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Outputs of ``nodes`` (inputs: initializers and ``known``), by one ORT run; {} on error."""
+    import onnxruntime as ort  # local, as in _probe_shapes
+
+    needed = {t for n in nodes for t in n.input if t}
+    sub = onnx.ModelProto()
+    sub.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    sub.opset_import.extend(model.opset_import)
+    sub.graph.name = "fold"
+    sub.graph.node.extend(nodes)
+    sub.graph.initializer.extend(t for t in model.graph.initializer if t.name in needed)
+    for name, arr in known.items():
+        if name in needed:
+            sub.graph.initializer.append(numpy_helper.from_array(arr, name))
+    outs = [o for n in nodes for o in n.output if o]
+    for o in outs:
+        sub.graph.output.add().name = o
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        sess = ort.InferenceSession(sub.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+        return dict(zip(outs, sess.run(outs, {})))
+    except Exception:  # an op ORT cannot run standalone: keep the nodes, nothing is lost
+        return {}
+
+
 def _static_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
     if not vi.type.HasField("tensor_type"):
         return None
@@ -410,7 +572,9 @@ def _static_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
         return None
     dims = []
     for d in tt.shape.dim:
-        if not d.HasField("dim_value") or d.dim_value < 0:
+        # 0 may be a real empty tensor or an unknown size (see _fixed_dim): either way the
+        # probe run settles it, so only positive sizes count as known here
+        if not _fixed_dim(d):
             return None
         dims.append(d.dim_value)
     return TensorInfo(vi.name, tuple(dims), tt.elem_type)
@@ -491,6 +655,8 @@ def _load_graph(
     source: str | os.PathLike | bytes | onnx.ModelProto,
     shapes: Mapping[str, Sequence[int]] | None,
     name: str | None,
+    *,
+    fold_rounds: int = 8,
 ) -> DataflowGraph:
     model = onnx.ModelProto()
     model.CopyFrom(_read_model(source))
@@ -528,6 +694,7 @@ def _load_graph(
         raise ModelError(
             f"IR version {model.ir_version} does not match the model's opsets ({ops}), which "
             f"need IR >= {need_ir}: re-export the model or set its ir_version")
+    _clear_negative_dims(model)
     _bind_inputs(model, shapes or {})
     _fold_constants(model)
     if not g.node:
@@ -661,6 +828,12 @@ def _load_graph(
     if missing:
         tensors.update(_probe_shapes(inferred, missing))
     model = inferred
+    if fold_rounds > 0 and _fold_shape_computations(model, tensors, set(out_names),
+                                                    probed=set(missing)):
+        # nodes went away: order, infer and index the smaller graph from the start (its
+        # inputs are bound and its nodes named already, so this is the same load again).
+        # Another round: shapes only the probe knew may now be static and fold in turn.
+        return _load_graph(model, None, name, fold_rounds=fold_rounds - 1)
 
     # nodes
     g = model.graph
