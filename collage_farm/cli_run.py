@@ -42,7 +42,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     _measure_args(p)
 
     c = sub.add_parser("compare", help="whole-model latency per toolchain, interleaved")
-    c.add_argument("model", help="an ONNX file or zoo:NAME")
+    c.add_argument("model", help="an ONNX file, zoo:NAME or pkg:NAME")
     c.add_argument("--targets", default="ort-cpu,openvino-cpu", help="comma-separated targets")
     c.add_argument("--plan", help="also run this plan directory in the same interleaved run")
     c.add_argument("--plot", help="write a PNG bar chart here")

@@ -403,7 +403,8 @@ class PlanExecutor:
 
     ``threads`` is the intra-op thread count of every session (1 by default, like candidates).
     ``model`` (path or ModelProto) is the original model for `check`; else plan.json's
-    ``source`` (``zoo:NAME`` rebuilt with `collage_farm.zoo.build`, or a path).
+    ``source`` (``zoo:NAME`` rebuilt with `collage_farm.zoo.build`, ``pkg:NAME`` from its pip
+    package, or a path).
     """
 
     def __init__(self, plan_dir: str | Path, *, threads: int = 1,
@@ -527,7 +528,7 @@ class PlanExecutor:
         return any(rt.quantised for rt in self.partitions)
 
     def reference(self) -> onnx.ModelProto:
-        return reference_model(self.plan, self.model_arg, self.plan_dir)
+        return reference_model(self.plan, self.model_arg, self.plan_dir, self.shapes)
 
     def check(self, feeds: Mapping[str, np.ndarray] | None = None,
               model: str | os.PathLike | onnx.ModelProto | None = None) -> dict[str, float]:
@@ -537,7 +538,7 @@ class PlanExecutor:
         """
         feeds = self.random_feeds() if feeds is None else feeds
         ref_model = reference_model(self.plan, model if model is not None else self.model_arg,
-                                    self.plan_dir)
+                                    self.plan_dir, self.shapes)
         sess = _ort_session(ref_model.SerializeToString(), ["CPUExecutionProvider"], self.threads)
         names = [o.name for o in sess.get_outputs()]
         want = [n for n in self.plan.graph_outputs if n in names] or names
@@ -604,7 +605,9 @@ def _vi_spec(vi: onnx.ValueInfoProto) -> tuple[tuple[int, ...], np.dtype] | None
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         return None
-    dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim]
+    # a dynamic dim (no value, 0 or paddle2onnx's -1) gets 1 unless the caller binds it
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1
+            for d in tt.shape.dim]
     return tuple(dims), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
 
 
@@ -634,8 +637,15 @@ def _input_specs_model(model: onnx.ModelProto, graph_inputs: Sequence[str]
 
 
 def reference_model(plan: Plan, model: str | os.PathLike | onnx.ModelProto | None,
-                    plan_dir: Path | None = None) -> onnx.ModelProto:
-    """The original model: the given one, else plan.json's ``source`` (zoo:NAME or a path)."""
+                    plan_dir: Path | None = None,
+                    shapes: Mapping[str, Sequence[int]] | None = None) -> onnx.ModelProto:
+    """The original model: the given one, else plan.json's ``source`` (zoo:NAME, pkg:NAME or
+    a path).
+
+    A ``pkg:`` model's inputs are bound as the campaign bound them (plan.json's ``shapes``,
+    the entry's defaults for the rest), overridden by ``shapes``: its file has dynamic dims,
+    and whole-model runs on each toolchain need static ones.
+    """
     if isinstance(model, onnx.ModelProto):
         return model
     if model is not None:
@@ -646,6 +656,11 @@ def reference_model(plan: Plan, model: str | os.PathLike | onnx.ModelProto | Non
 
         layers = plan.extra.get("layers")
         return zoo.build(source[4:], **({} if layers is None else {"layers": int(layers)}))
+    from collage_farm.zoo import packaged
+
+    if source.startswith(packaged.PREFIX):
+        bound = {**(plan.extra.get("shapes") or {}), **(shapes or {})}
+        return packaged.reference_model(source[len(packaged.PREFIX):], bound)
     if source:
         p = Path(source)
         if not p.is_absolute() and plan_dir is not None and not p.exists():
