@@ -2135,7 +2135,8 @@ class _TransposeOptimiser:
     4. a chain of RESHAPEs and TRANSPOSEs through it that leaves the row-major order of the
        data unchanged (checked exactly on an index array) becomes one RESHAPE;
     5. a TRANSPOSE of the last two axes read only as BATCH_MATMUL's B becomes its ``adj_y``
-       (XNNPACK takes it; ``adj_x`` it does not, so A is left alone).
+       (XNNPACK takes it; ``adj_x`` it does not, so A is left alone);
+    6. two TRANSPOSEs of one tensor with one perm become one (its output read by both).
 
     A last sweep turns a TRANSPOSE that only moves size-1 axes into a RESHAPE (same memory).
     Graph inputs and outputs keep their NHWC contract (`IOSpec`, and LiteRT reads the layout
@@ -2219,6 +2220,26 @@ class _TransposeOptimiser:
         del self.c.ops[i]
         self._index()
         return True
+
+    def _merge_duplicate(self, i: int) -> bool:
+        """A later TRANSPOSE of the same tensor with the same perm reuses this one's output.
+
+        Once the layout transposes around them are gone, one ONNX tensor read by two attention
+        MatMuls (or any two layout-needing ops) is transposed identically twice.
+        """
+        op = self.c.ops[i]
+        perm = self._perm(op)
+        for j in sorted(set(self.consumers.get(op.inputs[0], ()))):
+            dup = self.c.ops[j]
+            if j <= i or dup.code != "TRANSPOSE" or dup.inputs[0] != op.inputs[0] \
+                    or self._perm(dup) != perm or dup.outputs[0] in self.io:
+                continue
+            del self.c.ops[j]
+            self._replace(dup.outputs[0], op.outputs[0])
+            op.nodes = tuple(dict.fromkeys((*op.nodes, *dup.nodes)))
+            self._index()
+            return True
+        return False
 
     def _sinkable(self, j: int, a: int, perm: tuple[int, ...]) -> list[int] | None:
         """The other TRANSPOSEs (same perm) that merge if one moves past op j, or None."""
@@ -2397,6 +2418,7 @@ class _TransposeOptimiser:
             for i, op in enumerate(self.c.ops):
                 if op.code == "TRANSPOSE" and (self._drop_identity(i)
                                                or self._fold_into_consumers(i)
+                                               or self._merge_duplicate(i)
                                                or self._sink(i)
                                                or self._chain_is_reshape(i)
                                                or self._into_batch_matmul(i)):

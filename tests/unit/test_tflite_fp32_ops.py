@@ -430,3 +430,95 @@ def test_pp_ocr_models_convert_whole_and_match(which: str) -> None:
         assert y.shape == r.shape
         span = max(float(np.ptp(r)), 1e-6)
         assert float(np.abs(y - r).max()) <= 1e-3 * span, (sp.name, float(np.abs(y - r).max()))
+
+
+# --- layout-transpose peephole (fp32) ---------------------------------------------------
+
+
+def _flatbuffer_ops(tflite: bytes) -> list[str]:
+    """Builtin op names as written in the flatbuffer (not the converter's own bookkeeping)."""
+    from ethosu.vela.tflite import BuiltinOperator, Model
+
+    names = {v: k for k, v in vars(BuiltinOperator.BuiltinOperator).items()
+             if not k.startswith("_")}
+    m = Model.Model.GetRootAs(tflite, 0)
+    sg = m.Subgraphs(0)
+    return [names[m.OperatorCodes(sg.Operators(i).OpcodeIndex()).BuiltinCode()]
+            for i in range(sg.OperatorsLength())]
+
+
+def _without_peephole(monkeypatch: pytest.MonkeyPatch, model: onnx.ModelProto) -> list[str]:
+    from runners import tflite_convert as tc
+
+    with monkeypatch.context() as mp:
+        mp.setattr(tc._TransposeOptimiser, "run", lambda self: None)
+        return _flatbuffer_ops(convert(model, "fp32").tflite)
+
+
+def transpose_round_trip(intermediate_out: bool = False) -> onnx.ModelProto:
+    """Transpose, elementwise ops with broadcast constants, then the inverse Transpose.
+
+    ``t`` is [1, 4, 5, 3]: ``scale`` broadcasts over its last axis, ``bias`` is a rank-1
+    constant (or, as the first operand, a rank-4 one over H and W).
+    """
+    bias = _rand((1, 4, 5, 1)) if intermediate_out else _rand((3,))
+    add = N("Add", ["bias", "m"], ["a"]) if intermediate_out else N("Add", ["m", "bias"], ["a"])
+    nodes = [N("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), N("Mul", ["t", "scale"], ["m"]),
+             add, N("Sigmoid", ["a"], ["s"]), N("Transpose", ["s"], ["u"], perm=[0, 3, 1, 2]),
+             N("Relu", ["u"], ["y"])]
+    return _model(nodes, [("x", [1, 3, 4, 5])], ["y", "t"] if intermediate_out else ["y"],
+                  [_f("scale", _rand((1, 1, 1, 3))), _f("bias", bias)])
+
+
+def test_transpose_pair_cancels_in_the_flatbuffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Transpose -> Mul/Add (broadcast constants) -> Sigmoid -> inverse Transpose.
+
+    Why: the converter's transposes (its layout ones and the ONNX ones) must meet and cancel
+    through elementwise ops, with the constants permuted so the values do not change.
+    """
+    model = transpose_round_trip()
+    before = _without_peephole(monkeypatch, model)
+    assert before.count("TRANSPOSE") == 2, before
+    conv = convert(model, "fp32")
+    after = _flatbuffer_ops(conv.tflite)
+    assert "TRANSPOSE" not in after and len(after) == len(before) - 2, (before, after)
+    assert after == [o.op for o in conv.ops]
+    for seed in (0, 5):
+        _run_both(model, seed)
+    # every ONNX node still names an operator (Collage attributes costs through them)
+    assert {n for o in conv.ops for n in o.nodes} == {n.name for n in load_graph(model).nodes}
+
+
+def test_transpose_pair_kept_when_the_middle_is_a_graph_output(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph output between the two transposes must still be produced, in its layout."""
+    model = transpose_round_trip(intermediate_out=True)
+    ops, got = _run_both(model, 0)
+    assert "TRANSPOSE" in ops and set(got) == {"y", "t"}
+    assert len(ops) <= len(_without_peephole(monkeypatch, model))
+
+
+def test_attention_block_keeps_only_the_onnx_transposes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small attention case: layout round trips around BATCH_MATMUL / Softmax are gone."""
+    model = attention()
+    before = _without_peephole(monkeypatch, model)
+    ops, _ = _run_both(model, 0)
+    assert ops.count("TRANSPOSE") <= 3 < before.count("TRANSPOSE"), (before, ops)
+
+
+#: TRANSPOSE ops in zoo bert with 2 layers: 32 before the peephole pass, 8 after (per layer:
+#: the Q, K, V head splits and the context merge, which the ONNX model itself asks for)
+BERT_2L_MAX_TRANSPOSES = 8
+
+
+def test_bert_two_layers_whole_fewer_transposes_and_matches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from collage_farm import zoo
+
+    model = zoo.build("bert", layers=2)
+    before = _without_peephole(monkeypatch, model).count("TRANSPOSE")
+    ops, _ = _run_both(model, 0)
+    after = ops.count("TRANSPOSE")
+    assert after <= BERT_2L_MAX_TRANSPOSES < before, (before, after)
+    assert "BATCH_MATMUL" in ops and "SOFTMAX" in ops
