@@ -72,6 +72,7 @@ class TuneOptions:
     refine_trials: int = DEFAULT_REFINE_TRIALS  # measured local moves; 0 disables
     refine_time_s: float = 120.0
     verify_rounds: int = 7
+    measure_mode: str = ""  # candidates' MeasureConfig.mode; "" = runners.base.CANDIDATE_MODE
     report: bool = True  # report.html + PNGs beside the plan
 
 
@@ -140,7 +141,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
         if opts.cost_table is None:
             raise ValueError("--offline needs --cost-table DIR")
         return TableEstimator(opts.cost_table, allow_analytic=opts.allow_analytic,
-                              strictness=opts.strictness)
+                              strictness=opts.strictness, mode=opts.measure_mode or None)
     if opts.estimator == "farm":
         from collage_farm.farm import Farm
         from estimators.measured import FarmEstimator
@@ -148,11 +149,14 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
         table = opts.cost_table or (opts.out / "costs")
         farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
                           num_cpus=opts.num_cpus)
+        from runners.base import CANDIDATE_MODE, MeasureConfig
+
         return FarmEstimator(
             farm,
             table,
             campaign_id=opts.campaign_id,
             model=graph.name,
+            measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
             tensor_ranges_for=tensor_ranges_provider(graph, opts.targets),
             prune=opts.prune,
             strictness=opts.strictness,
@@ -247,6 +251,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "model": graph.name,
         "campaign_id": campaign_id,
         "estimator": est.label,
+        "measure_mode": (getattr(getattr(est, "config", None), "mode", None)
+                         or opts.measure_mode or "any"),
         "targets": [t.id for t in opts.targets],
         "nodes": len(graph.nodes),
         "candidates": len(candidates),

@@ -44,6 +44,10 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strictness", default="exact", choices=["exact", "device", "any"],
                    help="cost-table matching (see README)")
     p.add_argument("--num-cpus", type=int, help="CPUs for the embedded Ray")
+    p.add_argument("--measure-mode", choices=["warm", "flush", "network"], default=None,
+                   help="cache state candidates are timed in (default network: what the rest "
+                   "of the model touches is evicted before each run; with --offline: use "
+                   "only rows taken in this mode)")
     p.add_argument("--no-verify", action="store_true",
                    help="do not measure the plan end to end against each single toolchain "
                    "(never-worse check); by default a plan not faster than the best single "
@@ -97,6 +101,7 @@ def _run_tune(args: argparse.Namespace) -> int:
                        else max(0, args.refine_trials)),
         refine_time_s=args.refine_time,
         report=not args.no_report,
+        measure_mode=args.measure_mode or "",
     )
     summary = run_tune(opts)
     if args.json:
