@@ -873,12 +873,22 @@ def _resize_params(node: Node, graph: DataflowGraph) -> tuple[str, bool, bool] |
     return f"resize mode {mode!r} is not converted"
 
 
-def _check_resize(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
-    p = _resize_params(node, graph)
-    return p if isinstance(p, str) else None
+def _check_by_params(params: Callable[[Node, DataflowGraph], object]
+                     ) -> Callable[[Node, DataflowGraph, str], str | None]:
+    """A check for an op whose emitter derives its parameters with ``params`` (which returns
+    the refusal reason as a string): float input 0, then whatever ``params`` refuses."""
+
+    def check(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+        why = _float_io(node, graph, inputs=[0])
+        if why:
+            return why
+        p = params(node, graph)
+        return p if isinstance(p, str) else None
+
+    return check
+
+
+_check_resize = _check_by_params(_resize_params)
 
 
 def _check_convtranspose(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
@@ -1036,12 +1046,7 @@ def _split_sizes(node: Node, graph: DataflowGraph) -> tuple[int, list[int]] | st
     return axis, sizes
 
 
-def _check_split(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
-    p = _split_sizes(node, graph)
-    return p if isinstance(p, str) else None
+_check_split = _check_by_params(_split_sizes)
 
 
 def _check_layernorm(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:

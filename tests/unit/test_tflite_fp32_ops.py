@@ -16,6 +16,7 @@ import importlib.util
 import math
 import os
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -23,7 +24,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from collage_farm.graph import load_graph, random_inputs
+from collage_farm.graph import DataflowGraph, load_graph, random_inputs
 from runners.tflite_convert import UnsupportedOp, convert, convertible
 
 Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
@@ -54,11 +55,13 @@ def _rand(shape: tuple[int, ...], scale: float = 1.0, seed: int = RNG_SEED) -> n
             * scale).astype(np.float32)
 
 
-def _run_both(model: onnx.ModelProto, seed: int = 0, tol: float = 1e-4
-              ) -> tuple[list[str], dict[str, np.ndarray]]:
-    g = load_graph(model)
-    assert all(convertible(n, g, "fp32") is None for n in g.nodes), \
-        [(n.op_type, convertible(n, g, "fp32")) for n in g.nodes]
+def _ort_and_litert(g: DataflowGraph, seed: int = 0
+                    ) -> tuple[Any, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(the fp32 conversion, ORT's outputs, LiteRT's outputs) on the same seeded inputs; every
+    node must be convertible."""
+    refused = {(n.op_type, convertible(n, g, "fp32")) for n in g.nodes
+               if convertible(n, g, "fp32") is not None}
+    assert not refused, refused
     conv = convert(g, "fp32")
     feeds = random_inputs(g, seed)
     so = ort.SessionOptions()
@@ -73,6 +76,12 @@ def _run_both(model: onnx.ModelProto, seed: int = 0, tol: float = 1e-4
     it.invoke()
     got = {sp.name: sp.from_tflite(it.get_tensor(sp.index)) for sp in conv.outputs}
     assert set(got) == set(ref)
+    return conv, ref, got
+
+
+def _run_both(model: onnx.ModelProto, seed: int = 0, tol: float = 1e-4
+              ) -> tuple[list[str], dict[str, np.ndarray]]:
+    conv, ref, got = _ort_and_litert(load_graph(model), seed)
     for k, r in ref.items():
         assert got[k].shape == r.shape, k
         err = float(np.abs(got[k].astype(np.float64) - r).max())
@@ -410,26 +419,12 @@ def test_pp_ocr_models_convert_whole_and_match(which: str) -> None:
     path = os.path.join(_RAPIDOCR.submodule_search_locations[0], "models", fname)  # type: ignore[index]
     if not os.path.exists(path):
         pytest.skip(f"{fname} is not shipped with this rapidocr_onnxruntime")
-    g = load_graph(path, shapes={"x": shape})
-    refused = {(n.op_type, convertible(n, g, "fp32")) for n in g.nodes
-               if convertible(n, g, "fp32") is not None}
-    assert not refused, refused
-    conv = convert(g, "fp32")
-    feeds = random_inputs(g, 0)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    s = ort.InferenceSession(g.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    ref = dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
-    it = Interpreter(model_content=conv.tflite, num_threads=1)
-    it.allocate_tensors()
-    for sp in conv.inputs:
-        it.set_tensor(sp.index, sp.to_tflite(feeds[sp.name]))
-    it.invoke()
-    for sp in conv.outputs:
-        y, r = sp.from_tflite(it.get_tensor(sp.index)), ref[sp.name]
+    _, ref, got = _ort_and_litert(load_graph(path, shapes={"x": shape}))
+    for name, r in ref.items():
+        y = got[name]
         assert y.shape == r.shape
         span = max(float(np.ptp(r)), 1e-6)
-        assert float(np.abs(y - r).max()) <= 1e-3 * span, (sp.name, float(np.abs(y - r).max()))
+        assert float(np.abs(y - r).max()) <= 1e-3 * span, (name, float(np.abs(y - r).max()))
 
 
 # --- layout-transpose peephole (fp32) ---------------------------------------------------
