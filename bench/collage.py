@@ -43,6 +43,7 @@ from collage_farm import zoo
 from collage_farm.campaign import TuneOptions, run_tune
 from collage_farm.target import parse_targets
 from collage_farm.zoo import packaged
+from runners.base import CANDIDATE_MODE, MeasureConfig
 
 # (label, zoo name, builder options): reduced sizes, stated in the results
 CASES = [
@@ -119,6 +120,8 @@ def main() -> int:
     ap.add_argument("--cost-table", default=os.path.join(tempfile.gettempdir(),
                                                          "collage-bench-costs"))
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--measure-mode", default=CANDIDATE_MODE,
+                    help=f"candidates' measurement mode (default {CANDIDATE_MODE})")
     ap.add_argument("--list", action="store_true",
                     help="print the cases this machine would run (after --only) and exit")
     args = ap.parse_args()
@@ -154,7 +157,8 @@ def main() -> int:
 
             onnx.save(model, str(path))
             multi, note = ort_multi_ep(str(path))
-            est = FarmEstimator(farm, args.cost_table, model=label, close_farm=False)
+            est = FarmEstimator(farm, args.cost_table, model=label, close_farm=False,
+                                measure_config=MeasureConfig(mode=args.measure_mode))
             tc = time.perf_counter()
             try:
                 # pkg:NAME as the source, as a user would tune it (plan.json round-trips)
@@ -198,7 +202,8 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
         f"`{args.cost_table}`, cached rows reused), then `tune`'s post-search step: "
         f"refinement <= {args.refine_trials} measured trials / {args.refine_time:.0f} s, and one "
         f"interleaved run of {args.verify_rounds} rounds (>= 50 ms each) of every plan and "
-        f"single toolchain; 1 thread per session",
+        f"single toolchain; 1 thread per session; candidates timed in `{args.measure_mode}` "
+        "mode",
         "- sizes reduced to fit ~15 min on 2 cores: " + ", ".join(
             _describe_case(c) for c in CASES + packaged_cases(verbose=False)),
         f"- total wall {wall:.0f} s for {len(rows)} of {n_cases or len(CASES)} models", "",

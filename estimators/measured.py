@@ -41,7 +41,7 @@ from collage_farm.candidate import CandidatePartition
 from collage_farm.cost import Cost
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator, EstimatorStats
-from runners.base import BuildInput, MeasureConfig, MeasureResult, Status
+from runners.base import CANDIDATE_MODE, BuildInput, MeasureConfig, MeasureResult, Status
 
 if TYPE_CHECKING:
     from collage_farm.costtable import CostTable, CostTableWriter
@@ -109,7 +109,8 @@ class FarmEstimator(CostEstimator):
         self.campaign_id = campaign_id
         self.model = model
         self.tensor_ranges_for = tensor_ranges_for
-        self.config = measure_config or MeasureConfig()
+        # candidates are timed inside their network unless told otherwise (runners.measure)
+        self.config = measure_config or MeasureConfig(mode=CANDIDATE_MODE)
         self.strictness = strictness
         self.close_farm = close_farm
         self._own_writer = True
