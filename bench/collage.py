@@ -122,6 +122,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--measure-mode", default=CANDIDATE_MODE,
                     help=f"candidates' measurement mode (default {CANDIDATE_MODE})")
+    ap.add_argument("--tag", default="", help="results file suffix: collage-<host><tag>.md")
     ap.add_argument("--list", action="store_true",
                     help="print the cases this machine would run (after --only) and exit")
     args = ap.parse_args()
@@ -267,9 +268,9 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname().split(".")[0]
-    (out / f"collage-{host}.md").write_text(text)
+    (out / f"collage-{host}{args.tag}.md").write_text(text)
     if not quiet:
-        print(f"wrote {out / f'collage-{host}.md'}")
+        print(f"wrote {out / f'collage-{host}{args.tag}.md'}")
     return 0
 
 
