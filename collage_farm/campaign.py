@@ -73,6 +73,7 @@ class TuneOptions:
     refine_time_s: float = 120.0
     verify_rounds: int = 7
     measure_mode: str = ""  # candidates' MeasureConfig.mode; "" = runners.base.CANDIDATE_MODE
+    cut_costs: bool = True  # measure this model's cut cost per target (collage_farm.cutcost)
     report: bool = True  # report.html + PNGs beside the plan
 
 
@@ -194,6 +195,26 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
         return fallback
 
 
+def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
+                   transition: TransitionModel) -> tuple[TransitionModel, dict | None]:
+    """``transition`` plus this model's measured cut costs (`collage_farm.cutcost`) when the
+    campaign mixes two or more toolchains that run here; unchanged (and why) otherwise."""
+    from collage_farm.executor import SIMULATED_TOOLCHAINS
+    from collage_farm.transition import WithCutCosts
+
+    live = [t for t in targets if t.toolchain not in SIMULATED_TOOLCHAINS]
+    if len({t.toolchain for t in live}) < 2:
+        return transition, None
+    from collage_farm.cutcost import measure_cut_costs
+
+    try:
+        cc = measure_cut_costs(graph, live)
+    except Exception as e:  # a broken probe must not cost the campaign: say so, go on
+        log.warning("cut costs unavailable (%s: %s)", type(e).__name__, e)
+        return transition, {"error": f"{type(e).__name__}: {e}"}
+    return WithCutCosts(transition, cc.cuts), cc.to_json()
+
+
 def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     """Run phases 1-4; write the plan to ``opts.out``; return the summary."""
     t_start = time.perf_counter()
@@ -214,6 +235,9 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     own = estimator is None
     est = estimator or make_estimator(opts, graph)
     transition = choose_transition(opts, est, measure=own)
+    cut_info: dict | None = None
+    if opts.cut_costs and est.label == "farm":
+        transition, cut_info = with_cut_costs(graph, opts.targets, transition)
     post: PostSearch | None = None
     try:
         result: SearchResult = search(graph, candidates, est, transition,
@@ -262,6 +286,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "estimated_total_s": result.total_s,
         "estimated_compute_s": sum(p.cost.seconds for p in result.partitions),
         "estimated_transition_s": sum(p.penalty_s for p in result.partitions),
+        "cut_costs": cut_info,
         "states_expanded": result.states_expanded,
         "costs_requested": stats.requested or result.candidates_estimated,
         "cache_hits": stats.cache_hits,

@@ -48,6 +48,9 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    help="cache state candidates are timed in (default network: what the rest "
                    "of the model touches is evicted before each run; with --offline: use "
                    "only rows taken in this mode)")
+    p.add_argument("--no-cut-costs", action="store_true",
+                   help="do not measure this model's cut cost per target (each chunk inside "
+                   "chains of other toolchains vs its own) for the search's transitions")
     p.add_argument("--no-verify", action="store_true",
                    help="do not measure the plan end to end against each single toolchain "
                    "(never-worse check); by default a plan not faster than the best single "
@@ -102,6 +105,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         refine_time_s=args.refine_time,
         report=not args.no_report,
         measure_mode=args.measure_mode or "",
+        cut_costs=not args.no_cut_costs,
     )
     summary = run_tune(opts)
     if args.json:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -576,6 +577,36 @@ class PlanExecutor:
             simulated_partitions=tuple(rt.id for rt in self.partitions
                                        if rt.kind == "simulated"),
         )
+
+    def measure_in_chain(self, runs: int, *, warmup: int = 0,
+                         feeds: Mapping[str, np.ndarray] | None = None
+                         ) -> tuple[list[float], dict[str, list[float]]]:
+        """``runs`` runs of the whole chain; (chain seconds per run, each measured partition's
+        seconds per run *inside* the running chain, by partition id).
+
+        Unlike `measure_partitions` (each partition again and again on its own), every sample
+        here finds the caches and layouts its real neighbours left. Callers interleave chains
+        and take medians; ``warmup`` runs are not recorded."""
+        if not self._steps or feeds is not None:
+            self._load_feeds(self.random_feeds() if feeds is None else feeds)
+        steps = [(rt.id, step) for rt, step in zip(self.partitions, self._steps)
+                 if rt.kind == "measured"]
+        clock = time.perf_counter_ns
+        totals: list[float] = []
+        per: dict[str, list[float]] = {pid: [] for pid, _ in steps}
+        for r in range(warmup + runs):
+            times = []
+            start = clock()
+            for _pid, step in steps:
+                a = clock()
+                step()
+                times.append(clock() - a)
+            end = clock()
+            if r >= warmup:
+                totals.append((end - start) * 1e-9)
+                for (pid, _), dt in zip(steps, times):
+                    per[pid].append(dt * 1e-9)
+        return totals, per
 
     def measure_partitions(self, config: MeasureConfig | None = None,
                            feeds: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:

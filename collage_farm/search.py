@@ -134,6 +134,8 @@ def _prepare(graph: DataflowGraph, cands: Sequence[CandidatePartition],
             if name in graph_outs:
                 pen += transition.transfer_s(c.target.device, HOST, nb)
         pen += transition.transfer_s(HOST, c.target.device, gin) if gin else 0.0
+        if inputs:  # fed by another partition: a cut into this target
+            pen += transition.cut_s(c.target)
         edges.append(_Edge(
             cand=c, idx=k, mask=c.mask, need=sg.input_mask, device=c.target.device,
             static_penalty=pen, inputs=tuple(sorted(inputs.items())), graph_in_bytes=gin,

@@ -10,7 +10,10 @@ search charges these on its edges, so the Dijkstra plan already accounts for the
   outputs included), a property of the target alone;
 * ``transfer_s(src, dst, nbytes)``: per tensor between two partitions on devices that do not
   share memory; the search knows both ends because its states remember the device of every
-  covered node that borders uncovered ones.
+  covered node that borders uncovered ones;
+* ``cut_s(target)``: once per partition fed by another partition, a property of the *model*
+  and the target: measured per campaign by `collage_farm.cutcost` (each chunk of the model
+  inside chains where its neighbours run on other toolchains vs on its own), `WithCutCosts`.
 
 `AnalyticTransitionModel` is a documented default (fixed latencies, bandwidths per device pair).
 `measured_transition_model` fills the same interface from the cost table's transition rows
@@ -45,6 +48,37 @@ class TransitionModel(abc.ABC):
     @abc.abstractmethod
     def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
         """Cost of moving ``nbytes`` from ``src`` to ``dst`` (0 when they share memory)."""
+
+    def cut_s(self, target: Target) -> float:
+        """Cost of entering a partition on ``target`` from another partition of *this model*
+        (once per partition fed by another one; graph inputs are not cuts): what a cut costs
+        beyond its candidates' own measurements, e.g. caches and layouts the previous
+        toolchain left. 0 unless measured for the model (`collage_farm.cutcost`)."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class WithCutCosts(TransitionModel):
+    """``base`` plus measured per-target cut costs for one model (`collage_farm.cutcost`)."""
+
+    base: TransitionModel
+    cuts: Mapping[str, float]  # target id -> seconds per cut into a partition on it
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"{self.base.label}+cuts"
+
+    def launch_s(self, target: Target) -> float:
+        return self.base.launch_s(target)
+
+    def handoff_s(self, target: Target, nbytes: int) -> float:
+        return self.base.handoff_s(target, nbytes)
+
+    def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
+        return self.base.transfer_s(src, dst, nbytes)
+
+    def cut_s(self, target: Target) -> float:
+        return max(0.0, float(self.cuts.get(target.id, 0.0))) + self.base.cut_s(target)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,11 @@ from collage_farm.rules import (
 from collage_farm.search import HOST, NoCoverError, search
 from collage_farm.subgraph import SubGraphConfig
 from collage_farm.target import BUILTIN_TARGETS as T
-from collage_farm.transition import AnalyticTransitionModel, ZeroTransitionModel
+from collage_farm.transition import (
+    AnalyticTransitionModel,
+    WithCutCosts,
+    ZeroTransitionModel,
+)
 from estimators.base import CostEstimator
 from tests.strategies import dags
 
@@ -88,6 +92,8 @@ def brute_force(g, cands, est, transition):
             pen += transition.handoff_s(c.target, nb)
             if t in outs:
                 pen += transition.transfer_s(c.target.device, HOST, nb)
+        if any(g.producer.get(t) is not None for t in sg.input_tensors):
+            pen += transition.cut_s(c.target)  # fed by another partition
         return pen
 
     def rec(covered, devmap, total):
@@ -116,11 +122,14 @@ def brute_force(g, cands, est, transition):
 
 @settings(max_examples=60, deadline=None)
 @given(dags(max_nodes=8), st.sampled_from(sorted(TARGET_SETS)), st.booleans(),
-       st.sampled_from(["graph", "fuseops", "library"]))
-def test_dijkstra_equals_brute_force(model, tset, zero, style):
+       st.sampled_from(["graph", "fuseops", "library"]),
+       st.sampled_from([0.0, 2e-6, 3e-5]))
+def test_dijkstra_equals_brute_force(model, tset, zero, style, cut):
     g = load_graph(model)
     cands = _cands(g, TARGET_SETS[tset], style=style)
     transition = ZeroTransitionModel() if zero else AnalyticTransitionModel(scale=3.0)
+    if cut:  # a measured cut cost into the first target of the set only
+        transition = WithCutCosts(transition, {TARGET_SETS[tset][0]: cut})
     est = HashEstimator(fail_ratio=0.1)
     expected = brute_force(g, cands, est, transition)
     if math.isinf(expected):
@@ -209,3 +218,39 @@ def test_patterns_match_conv_add_relu():
     rule = PatternPartitionRule(op("Relu", op("Add", op("Conv"), ANY, commutative=True)))
     cands = rule.candidates(g, PartitionSpec(rule, T["ort-cpu"]))
     assert [sorted(c.node_names) for c in cands] == [["add", "conv", "relu"]]
+
+
+def test_cut_costs_steer_the_search_away_from_mixing() -> None:
+    """A chain where each target is cheaper on half the nodes: free cuts mix, a measured cut
+    cost larger than the gain keeps one toolchain (and is charged once per entered partition)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu" if i % 2 else "Sigmoid", [f"t{i}"], [f"t{i + 1}"],
+                              name=f"n{i}") for i in range(6)]
+    m = helper.make_model(helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("t6", TensorProto.FLOAT, [1, 8])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    g = load_graph(m)
+    cands = _cands(g, ("ort-cpu", "openvino-cpu"), depth=1)
+
+    class Split(CostEstimator):
+        label = "split"
+
+        def estimate(self, cs):  # per node: ORT is fast on Relu, OpenVINO on Sigmoid
+            return [Cost(sum(1e-6 if (c.target.id == "ort-cpu") == (op == "Relu") else 5e-6
+                             for op in c.op_types)) for c in cs]
+
+    free = search(g, cands, Split(), ZeroTransitionModel())
+    assert len({p.candidate.target.id for p in free.partitions}) == 2
+    assert free.total_s == pytest.approx(6e-6)  # every node on its fast toolchain
+    cut = WithCutCosts(ZeroTransitionModel(), {"ort-cpu": 1e-5, "openvino-cpu": 1e-5})
+    assert cut.label == "zero+cuts" and cut.cut_s(T["ort-cpu"]) == 1e-5
+    kept = search(g, cands, Split(), cut)
+    # the whole chain as one segment on one toolchain: no cut, 3 fast and 3 slow nodes
+    assert len(kept.partitions) == 1 and kept.total_s == pytest.approx(3e-6 + 3 * 5e-6)
+    half = WithCutCosts(ZeroTransitionModel(), {"ort-cpu": 1e-6, "openvino-cpu": 1e-6})
+    mixed = search(g, cands, Split(), half)  # cheap cuts: mixing pays, each cut charged once
+    n_cuts = len(mixed.partitions) - 1
+    assert n_cuts >= 1 and mixed.total_s == pytest.approx(6e-6 + n_cuts * 1e-6)

@@ -1,0 +1,85 @@
+"""Measured cut costs (`collage_farm.cutcost`): chunking laws and a real ORT/OpenVINO probe."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from collage_farm import zoo
+from collage_farm.campaign import with_cut_costs
+from collage_farm.cutcost import chunk_masks, measure_cut_costs
+from collage_farm.graph import load_graph
+from collage_farm.subgraph import iter_bits
+from collage_farm.target import BUILTIN_TARGETS as T
+from collage_farm.transition import AnalyticTransitionModel, WithCutCosts
+
+
+def _chain(n: int):
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"n{i}") for i in range(n)]
+    m = helper.make_model(helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return load_graph(m)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 40))
+def test_chunks_are_contiguous_disjoint_and_cover(n: int, k: int) -> None:
+    g = _chain(n)
+    masks = chunk_masks(g, k)
+    assert len(masks) == min(k, n) and all(masks)
+    assert sum(masks) == g.all_mask  # disjoint and covering: the bitsets add up exactly
+    order = [list(iter_bits(m)) for m in masks]
+    flat = [i for chunk in order for i in chunk]
+    assert flat == list(range(n))  # contiguous runs of the topological order, in order
+    assert max(map(len, order)) - min(map(len, order)) <= 1  # balanced
+
+
+def test_real_probe_ort_and_openvino_on_mnist() -> None:
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    targets = [T["ort-cpu"], T["openvino-cpu"]]
+    cc = measure_cut_costs(g, targets, chunks=3, rounds=2, runs_per_round=3)
+    assert set(cc.cuts) == {"ort-cpu", "openvino-cpu"}
+    assert all(v >= 0.0 for v in cc.cuts.values())
+    assert cc.chunks == 3 and cc.rounds == 2 and not cc.skipped
+    assert set(cc.chain_s) == {"ort-cpu", "openvino-cpu", "ort-cpu/openvino-cpu",
+                               "openvino-cpu/ort-cpu"}
+    assert all(0 < s < 1.0 for s in cc.chain_s.values())
+    js = cc.to_json()
+    assert js["cuts_s"] == cc.cuts and js["chunks"] == 3
+
+
+def test_a_target_that_cannot_run_a_chunk_is_skipped_not_fatal() -> None:
+    # Hardmax has no TFLite mapping: every chain with LiteRT is skipped, ORT/OV still measured
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r0"),
+             helper.make_node("Hardmax", ["a"], ["b"], name="h"),
+             helper.make_node("Relu", ["b"], ["y"], name="r1")]
+    m = helper.make_model(helper.make_graph(
+        nodes, "hm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    g = load_graph(m)
+    litert = T.get("litert-cpu")
+    if litert is None:
+        pytest.skip("no litert-cpu target")
+    cc = measure_cut_costs(g, [T["ort-cpu"], litert], chunks=3, rounds=1, runs_per_round=2)
+    assert any(s.startswith("litert-cpu:") for s in cc.skipped), cc.skipped
+    assert "ort-cpu" in cc.chain_s and cc.cuts["litert-cpu"] == 0.0
+
+
+def test_campaign_wraps_transitions_only_when_toolchains_mix() -> None:
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    base = AnalyticTransitionModel()
+    same, info = with_cut_costs(g, [T["ort-cpu"]], base)
+    assert same is base and info is None
+    sim, info = with_cut_costs(g, [T["ort-cpu"], T["ethos-u55-128"]], base)
+    assert sim is base and info is None  # a simulated device has no cut to time here
+    mixed, info = with_cut_costs(g, [T["ort-cpu"], T["openvino-cpu"]], base)
+    assert isinstance(mixed, WithCutCosts) and mixed.base is base
+    assert info is not None and set(info["cuts_s"]) == {"ort-cpu", "openvino-cpu"}
+    assert mixed.cut_s(T["openvino-cpu"]) == pytest.approx(info["cuts_s"]["openvino-cpu"])
