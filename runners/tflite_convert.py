@@ -64,6 +64,11 @@ if TYPE_CHECKING:
 
     from collage_farm.graph import DataflowGraph, Node
 
+#: bumped when the TFLite written for the same sub-graph changes (new op mappings, the transpose
+#: peephole, ...): part of the LiteRT toolchain version, so cost-table rows of older output are
+#: not reused under the default (exact) strictness
+CONVERTER_REVISION = 2
+
 __all__ = [
     "SUPPORTED_OPS",
     "SUPPORTED_OPS_FP32",
