@@ -256,6 +256,18 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
     lines += [f"- {s['label']}: {s.get('never_worse') or s.get('error')} "
               f"(campaign {s.get('campaign_s', 0):.0f} s, {s.get('measured', 0)} measured, "
               f"{s.get('cache_hits', 0)} cache hits)" for s in rows]
+    cut_rows = [(s["label"], s["cut_costs"]) for s in rows if s.get("cut_costs")]
+    if cut_rows:
+        lines += ["", "## Measured cut costs (us per cut into a partition on the target)", ""]
+        for label, cc in cut_rows:
+            if "cuts_s" in cc:
+                cuts = ", ".join(f"{t} {v * 1e6:.0f}" for t, v in sorted(cc["cuts_s"].items()))
+                lines.append(f"- {label}: {cuts} ({cc['chunks']} chunks, {cc['rounds']} "
+                             f"rounds, {cc['wall_s']:.1f} s"
+                             + (f"; skipped: {'; '.join(cc['skipped'])}" if cc["skipped"]
+                                else "") + ")")
+            else:
+                lines.append(f"- {label}: {cc.get('error')}")
     lines += ["", "## Refinement trials", ""]
     for s in rows:
         for t in (s.get("refine") or {}).get("log", []):

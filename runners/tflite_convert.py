@@ -970,12 +970,7 @@ def _reduce_axes(node: Node, graph: DataflowGraph) -> tuple[int, ...] | str:
     return out
 
 
-def _check_reduce(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
-    a = _reduce_axes(node, graph)
-    return a if isinstance(a, str) else None
+_check_reduce = _check_by_params(_reduce_axes)
 
 
 def _pow_exponent(node: Node, graph: DataflowGraph) -> float | None:

@@ -57,3 +57,15 @@ def dags(draw: st.DrawFn, min_nodes: int = 1, max_nodes: int = 10) -> onnx.Model
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 10
     return m
+
+
+def unary_chain(ops: list[str], width: int = 8) -> onnx.ModelProto:
+    """A chain of unary ops ``t0 -> op0 -> t1 -> ... -> tN`` on a [1, width] float tensor."""
+    nodes = [helper.make_node(op, [f"t{i}"], [f"t{i + 1}"], name=f"n{i}")
+             for i, op in enumerate(ops)]
+    m = helper.make_model(helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(f"t{len(ops)}", TensorProto.FLOAT, [1, width])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m

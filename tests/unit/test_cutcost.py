@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
 
 from collage_farm import zoo
 from collage_farm.campaign import with_cut_costs
@@ -14,16 +13,11 @@ from collage_farm.graph import load_graph
 from collage_farm.subgraph import iter_bits
 from collage_farm.target import BUILTIN_TARGETS as T
 from collage_farm.transition import AnalyticTransitionModel, WithCutCosts
+from tests.strategies import unary_chain
 
 
 def _chain(n: int):
-    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"n{i}") for i in range(n)]
-    m = helper.make_model(helper.make_graph(
-        nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])]),
-        opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    return load_graph(m)
+    return load_graph(unary_chain(["Relu"] * n))
 
 
 @settings(max_examples=40, deadline=None)
@@ -55,15 +49,7 @@ def test_real_probe_ort_and_openvino_on_mnist() -> None:
 
 def test_a_target_that_cannot_run_a_chunk_is_skipped_not_fatal() -> None:
     # Hardmax has no TFLite mapping: every chain with LiteRT is skipped, ORT/OV still measured
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r0"),
-             helper.make_node("Hardmax", ["a"], ["b"], name="h"),
-             helper.make_node("Relu", ["b"], ["y"], name="r1")]
-    m = helper.make_model(helper.make_graph(
-        nodes, "hm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])]),
-        opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    g = load_graph(m)
+    g = load_graph(unary_chain(["Relu", "Hardmax", "Relu"]))
     litert = T.get("litert-cpu")
     if litert is None:
         pytest.skip("no litert-cpu target")

@@ -223,16 +223,9 @@ def test_patterns_match_conv_add_relu():
 def test_cut_costs_steer_the_search_away_from_mixing() -> None:
     """A chain where each target is cheaper on half the nodes: free cuts mix, a measured cut
     cost larger than the gain keeps one toolchain (and is charged once per entered partition)."""
-    from onnx import TensorProto, helper
+    from tests.strategies import unary_chain
 
-    nodes = [helper.make_node("Relu" if i % 2 else "Sigmoid", [f"t{i}"], [f"t{i + 1}"],
-                              name=f"n{i}") for i in range(6)]
-    m = helper.make_model(helper.make_graph(
-        nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("t6", TensorProto.FLOAT, [1, 8])]),
-        opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    g = load_graph(m)
+    g = load_graph(unary_chain(["Sigmoid", "Relu"] * 3))
     cands = _cands(g, ("ort-cpu", "openvino-cpu"), depth=1)
 
     class Split(CostEstimator):
