@@ -196,19 +196,25 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
 
 
 def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
-                   transition: TransitionModel) -> tuple[TransitionModel, dict | None]:
+                   transition: TransitionModel, table: Path | None = None,
+                   campaign_id: str = "", measure: bool = True
+                   ) -> tuple[TransitionModel, dict | None]:
     """``transition`` plus this model's measured cut costs (`collage_farm.cutcost`) when the
-    campaign mixes two or more toolchains that run here; unchanged (and why) otherwise."""
+    campaign mixes two or more toolchains that run here; unchanged (and why) otherwise. With a
+    cost ``table``, rows of an earlier probe on this host are reused and new ones written."""
     from collage_farm.executor import SIMULATED_TOOLCHAINS
     from collage_farm.transition import WithCutCosts
 
     live = [t for t in targets if t.toolchain not in SIMULATED_TOOLCHAINS]
     if len({t.toolchain for t in live}) < 2:
         return transition, None
-    from collage_farm.cutcost import measure_cut_costs
+    from collage_farm.cutcost import cached_cut_costs, measure_cut_costs
 
     try:
-        cc = measure_cut_costs(graph, live)
+        cc = (cached_cut_costs(table, graph, live, campaign_id=campaign_id, measure=measure)
+              if table else measure_cut_costs(graph, live) if measure else None)
+        if cc is None:  # offline, and no earlier probe of this model in the table
+            return transition, None
     except Exception as e:  # a broken probe must not cost the campaign: say so, go on
         log.warning("cut costs unavailable (%s: %s)", type(e).__name__, e)
         return transition, {"error": f"{type(e).__name__}: {e}"}
@@ -236,8 +242,11 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     est = estimator or make_estimator(opts, graph)
     transition = choose_transition(opts, est, measure=own)
     cut_info: dict | None = None
-    if opts.cut_costs and est.label == "farm":
-        transition, cut_info = with_cut_costs(graph, opts.targets, transition)
+    if opts.cut_costs and est.label in ("farm", "table", "table+analytic"):
+        # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
+        table = opts.cost_table or (opts.out / "costs")
+        transition, cut_info = with_cut_costs(graph, opts.targets, transition, table,
+                                              campaign_id, measure=est.label == "farm")
     post: PostSearch | None = None
     try:
         result: SearchResult = search(graph, candidates, est, transition,

@@ -21,6 +21,12 @@ nothing. Such a cost belongs to the cut, not to either candidate, and it depends
 The search charges it once per partition fed by another partition (`TransitionModel.cut_s`,
 `WithCutCosts`). Same-toolchain cuts cost nothing here: their lost fusion and reorders are
 already in the candidates' own measurements.
+
+Like every measurement, the result lands in the cost table (`cached_cut_costs`): one row per
+target, fingerprint ``cutcost:<whole-model structural hash>:<chunks>``, on this host's device
+description. A later campaign on the same model and machine reuses the rows instead of probing
+again, so its transition penalties, and with them the candidates the lazy search asks for, do
+not change from run to run with the machine's noise.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from collage_farm.graph import DataflowGraph
@@ -37,7 +44,10 @@ from collage_farm.target import Target
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CutCosts", "chunk_masks", "measure_cut_costs"]
+__all__ = ["CUT_PREFIX", "CutCosts", "cached_cut_costs", "chunk_masks", "cut_fingerprint",
+           "measure_cut_costs"]
+
+CUT_PREFIX = "cutcost:"
 
 
 @dataclass(frozen=True)
@@ -50,11 +60,12 @@ class CutCosts:
     skipped: tuple[str, ...] = ()  # chains that could not be built, with why
     chain_s: dict[str, float] = field(default_factory=dict)  # chain label -> median seconds
     wall_s: float = 0.0
+    cached: bool = False  # read back from the cost table, not measured now
 
     def to_json(self) -> dict[str, Any]:
         return {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
                 "skipped": list(self.skipped), "chain_s": dict(self.chain_s),
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "cached": self.cached}
 
 
 def chunk_masks(graph: DataflowGraph, chunks: int) -> list[int]:
@@ -124,3 +135,53 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     log.info("cut costs for %s: %s (%d chunks, %d rounds, %.1f s)", graph.name,
              {k: f"{v * 1e6:.0f} us" for k, v in cuts.items()}, len(masks), done, out.wall_s)
     return out
+
+
+def cut_fingerprint(graph: DataflowGraph, chunks: int) -> str:
+    """The cost-table fingerprint of a model's cut costs (structure, weights' shapes, chunks)."""
+    from collage_farm.subgraph import SubGraph
+
+    whole = SubGraph(graph, graph.all_mask)
+    return f"{CUT_PREFIX}{whole.structural_hash[:24]}:{max(1, min(chunks, len(graph.nodes)))}"
+
+
+def cached_cut_costs(table: Any, graph: DataflowGraph, targets: Sequence[Target], *,
+                     chunks: int = 6, measure: bool = True, campaign_id: str = "",
+                     **probe: Any) -> CutCosts | None:
+    """This model's cut costs from the cost table ``table`` (this host's rows), else measured
+    (``measure``) and written there; None when neither. ``probe``: `measure_cut_costs` options.
+    """
+    from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
+    from runners.base import DeviceDescription, Kind, MeasureConfig, MeasureResult, Status
+    from runners.base import Summary as _Summary
+    from runners.registry import get_toolchain
+
+    targets = list(dict.fromkeys(targets))
+    fp = cut_fingerprint(graph, chunks)
+    host = DeviceDescription.host_cpu()
+    path = Path(table)
+    if path.is_dir():
+        hits = CostTable(path).lookup([(fp, t.measure_key) for t in targets],
+                                      device=host.describe(), strictness="device")
+        if all((fp, t.measure_key) in hits and hits[fp, t.measure_key].ok for t in targets):
+            cuts = {t.id: hits[fp, t.measure_key].seconds for t in targets}
+            return CutCosts(cuts, int(fp.rsplit(":", 1)[1]), 0, chain_s={}, wall_s=0.0,
+                            cached=True)
+    if not measure:
+        return None
+    cc = measure_cut_costs(graph, targets, chunks=chunks, **probe)
+    if cc.skipped and not cc.chain_s:
+        return cc  # nothing ran: nothing to keep
+    with CostTableWriter(path, campaign_id=campaign_id, background=False) as w:
+        for t in targets:
+            if any(s.startswith(f"{t.id}:") for s in cc.skipped):
+                continue  # the target's own chain failed: no measurement to keep
+            v = cc.cuts.get(t.id, 0.0)
+            res = MeasureResult(fp, t, Status.OK, MeasureConfig(mode="warm"), samples=(v,),
+                                summary=_Summary.of((v,)), kind=Kind.MEASURED, device=host,
+                                toolchain_version=get_toolchain(t.toolchain).version(),
+                                measure_s=cc.wall_s,
+                                details=(("chunks", cc.chunks), ("rounds", cc.rounds)))
+            w.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
+                                     nodes=[], op_types=["cut"]))
+    return cc

@@ -69,3 +69,30 @@ def test_campaign_wraps_transitions_only_when_toolchains_mix() -> None:
     assert isinstance(mixed, WithCutCosts) and mixed.base is base
     assert info is not None and set(info["cuts_s"]) == {"ort-cpu", "openvino-cpu"}
     assert mixed.cut_s(T["openvino-cpu"]) == pytest.approx(info["cuts_s"]["openvino-cpu"])
+
+
+def test_cut_costs_land_in_the_cost_table_and_are_reused(tmp_path) -> None:
+    """A second campaign on the same model and host reads the probe back: same penalties, so
+    the lazy search asks for the same candidates; offline campaigns reuse, never measure."""
+    from collage_farm.costtable import CostTable
+    from collage_farm.cutcost import cached_cut_costs, cut_fingerprint
+
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    targets = [T["ort-cpu"], T["openvino-cpu"]]
+    table = tmp_path / "costs"
+    assert cached_cut_costs(table, g, targets, chunks=3, measure=False) is None
+    first = cached_cut_costs(table, g, targets, chunks=3, rounds=1, runs_per_round=2)
+    assert first is not None and not first.cached
+    rows = CostTable(table).rows()
+    fp = cut_fingerprint(g, 3)
+    assert sorted(r.target for r in rows) == ["openvino-cpu", "ort-cpu"]
+    assert all(r.fingerprint == fp and r.ok and r.kind == "measured" for r in rows)
+    again = cached_cut_costs(table, g, targets, chunks=3, measure=False)
+    assert again is not None and again.cached and again.rounds == 0
+    assert again.cuts == pytest.approx(first.cuts)
+    assert len(CostTable(table).rows()) == 2  # nothing measured or written again
+    base = AnalyticTransitionModel()
+    offline, info = with_cut_costs(g, targets, base, table, measure=False)
+    assert offline is base and info is None  # 6 chunks by default: the table holds 3
+    cached3, info3 = with_cut_costs(g, targets, base, None, measure=False)
+    assert cached3 is base and info3 is None  # no table, no measuring: unchanged
