@@ -194,3 +194,33 @@ def test_search_alternatives_explain_the_choice(mnist: DataflowGraph) -> None:
             if a.status == "estimated":
                 assert a.cost_s + a.penalty_s >= pp.cost.seconds + pp.penalty_s - 1e-12
     assert seen_same > 0
+
+
+def test_a_move_is_kept_only_when_a_second_run_confirms_it(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One interleaved run's win can be drift: the move must win again in a second run."""
+    import collage_farm.executor as executor
+
+    def summary(ms: float) -> Summary:
+        return Summary(ms * 1e-3, ms * 1e-3, 0, ms * 1e-3, ms * 1e-3, ms * 1e-3, 10, 0.0)
+
+    script: list[dict[str, Summary]] = []
+
+    def scripted(fns, config):
+        assert set(fns) == {"current", "candidate"}
+        return script.pop(0)
+
+    monkeypatch.setattr(executor, "measure_interleaved", scripted)
+    start = alternating(mnist)
+    b = PlanBuilder(mnist)
+    # the first run says 20% faster, the confirmation run says equal: rejected
+    script[:] = [{"current": summary(1.0), "candidate": summary(0.8)},
+                 {"current": summary(1.0), "candidate": summary(1.0)}]
+    r = refine(mnist, start, [ORT, OV], trials=1, time_budget_s=60, config=FAST, builder=b)
+    assert [t.status for t in r.trials] == ["rejected"] and not r.changed and not script
+    assert r.trials[0].candidate_s == pytest.approx(1e-3)  # the run that decided is logged
+    # both runs say faster: accepted
+    script[:] = [{"current": summary(1.0), "candidate": summary(0.8)},
+                 {"current": summary(1.0), "candidate": summary(0.8)}]
+    r = refine(mnist, start, [ORT, OV], trials=1, time_budget_s=60, config=FAST, builder=b)
+    assert [t.status for t in r.trials] == ["accepted"] and r.changed and not script
