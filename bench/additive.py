@@ -55,7 +55,7 @@ from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator
 from estimators.measured import candidate_config
 from runners.base import BuildInput, MeasureConfig, MeasureInput
-from runners.measure import llc_bytes, network_flush_bytes, private_cache_bytes
+from runners.measure import llc_bytes, private_cache_bytes
 from runners.registry import get_toolchain
 
 CASES = [
@@ -147,11 +147,10 @@ def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Pat
     rows = []
     label = name + (f"-{kw['layers']}L" if "layers" in kw else
                     f"-{kw['image_size']}px" if "image_size" in kw else "")
-    working_set = sum(t.nbytes for t in graph.tensors.values())
+    working_set = graph.total_bytes
     for mode in modes:
         if mode == "network-model":  # network mode, eviction sized by the whole model's bytes
-            config = MeasureConfig(mode="network",
-                                   flush_bytes=network_flush_bytes(working_set))
+            config = MeasureConfig(mode="network", network_bytes=working_set)
         elif mode == "network-l2":  # network mode, a fixed eviction of the core's own caches
             config = MeasureConfig(mode="network", flush_bytes=2 * private_cache_bytes())
         else:  # "network": per candidate, what the rest of the model touches (campaigns)

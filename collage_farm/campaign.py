@@ -101,6 +101,14 @@ def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
     return load_graph(spec, shapes)
 
 
+def campaign_table(opts: TuneOptions) -> Path | None:
+    """The cost-table directory a campaign reads and writes: ``--cost-table``, else
+    ``OUT/costs`` for farm campaigns (mock campaigns have none; offline ones must name one)."""
+    if opts.cost_table is not None:
+        return Path(opts.cost_table)
+    return opts.out / "costs" if opts.estimator == "farm" else None
+
+
 def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[PartitionSpec]:
     """Phase 1: a rule tree per target from its toolchain's capabilities."""
     from runners.registry import capabilities_for
@@ -147,7 +155,8 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
         from collage_farm.farm import Farm
         from estimators.measured import FarmEstimator
 
-        table = opts.cost_table or (opts.out / "costs")
+        table = campaign_table(opts)
+        assert table is not None
         farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
                           num_cpus=opts.num_cpus)
         from runners.base import CANDIDATE_MODE, MeasureConfig
@@ -175,7 +184,7 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
     offline campaign reuses the table's rows; mock campaigns keep the given model.
     """
     fallback = opts.transition or AnalyticTransitionModel()
-    table = opts.cost_table or (opts.out / "costs" if opts.estimator == "farm" else None)
+    table = campaign_table(opts)
     if opts.estimator == "mock" or table is None:
         return fallback
     if not measure and not Path(table).is_dir():
@@ -244,9 +253,9 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     cut_info: dict | None = None
     if opts.cut_costs and est.label in ("farm", "table", "table+analytic"):
         # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
-        table = opts.cost_table or (opts.out / "costs")
-        transition, cut_info = with_cut_costs(graph, opts.targets, transition, table,
-                                              campaign_id, measure=est.label == "farm")
+        transition, cut_info = with_cut_costs(graph, opts.targets, transition,
+                                              campaign_table(opts), campaign_id,
+                                              measure=est.label == "farm")
     post: PostSearch | None = None
     try:
         result: SearchResult = search(graph, candidates, est, transition,

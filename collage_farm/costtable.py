@@ -156,6 +156,10 @@ SCHEMA_VERSION_KEY = b"collage_farm.schema_version"
 #: Files written by `compact` carry this tag in their name (see `CostTable._snapshot`).
 COMPACT_TAG = "compacted"
 STRICTNESS = ("exact", "device", "any")
+PART_SUFFIX = ".parquet"
+#: Rows per Parquet row group: DuckDB scans row groups in parallel and prunes by their stats.
+ROW_GROUP_ROWS = 128 * 1024
+STAGED_SUFFIX = PART_SUFFIX + ".tmp"
 
 
 def _row_mode(measure_config: str | None) -> str:
@@ -166,10 +170,6 @@ def _row_mode(measure_config: str | None) -> str:
         return MeasureConfig.from_json(measure_config or "{}").measure_mode
     except (ValueError, TypeError):
         return LEGACY_MODE
-PART_SUFFIX = ".parquet"
-#: Rows per Parquet row group: DuckDB scans row groups in parallel and prunes by their stats.
-ROW_GROUP_ROWS = 128 * 1024
-STAGED_SUFFIX = PART_SUFFIX + ".tmp"
 
 
 class CostTableWarning(UserWarning):

@@ -3,11 +3,12 @@
 Why: with candidates timed inside their network (`runners.measure`, ``network`` mode) the sum
 of a chain's chunk costs matches the chain run end to end within a few percent *when every
 chunk runs on one toolchain* (bench/results/inchain-vm.md). Mixed plans still ran 17-37% slower
-than their estimates on the CNNs (bench/results/collage-vm-network.md): a chunk of resnet18-64
-on OpenVINO ran 0.3-0.6 ms slower inside a chain whose other chunks ran on ONNX Runtime than
-inside an all-OpenVINO chain (ORT chunks: 0.07-0.2 ms), and the transformer cuts cost almost
-nothing. Such a cost belongs to the cut, not to either candidate, and it depends on the model
-(layouts, tensor sizes, what the neighbour leaves in the caches), so it is measured per model:
+than their estimates on the CNNs (bench/results/collage-vm-network.md): in a hand-built chain
+a chunk of resnet18-64 on OpenVINO ran 0.3-0.6 ms slower when its neighbours ran on ONNX Runtime
+than inside an all-OpenVINO chain (ORT chunks: 0.07-0.2 ms;
+bench/results/cut-diagnostics-vm.md), and the transformer cuts cost almost nothing. Such a cost
+belongs to the cut, not to either candidate, and it depends on the model (layouts, tensor
+sizes, what the neighbour leaves in the caches), so it is measured per model:
 
 1. cut the model into ``chunks`` contiguous runs of its topological order;
 2. build, per target, the chain with every chunk on that target, and, per ordered pair of
@@ -106,6 +107,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
             chains[label] = ex
         except Exception as e:  # an op a target cannot run in some chunk, a build error
             skipped.append(f"{label}: {type(e).__name__}: {str(e)[:160]}")
+    ids = {label: [rt.id for rt in ex.partitions] for label, ex in chains.items()}
     samples: dict[str, dict[str, list[float]]] = {k: {} for k in chains}
     totals: dict[str, list[float]] = {k: [] for k in chains}
     done = 0
@@ -118,17 +120,15 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
         done += 1
         if time.perf_counter() - t0 > time_budget_s:
             break
-    med = {label: {pid: statistics.median(xs) for pid, xs in per.items() if xs}
-           for label, per in samples.items()}
+    # median seconds of chunk j inside each chain, by position
+    med = {label: [statistics.median(samples[label][pid]) for pid in ids[label]]
+           for label in chains}
     extra: dict[str, list[float]] = {t.id: [] for t in targets}
     for label, ts in layouts.items():
         if "/" not in label or label not in med:
-            continue
+            continue  # single-target chains are the reference; skipped chains have nothing
         for j in range(1, len(masks)):  # chunk j entered from chunk j-1's other toolchain
-            own = med.get(ts[j].id, {})
-            pid = f"p{j:03d}"
-            if pid in own and pid in med[label]:
-                extra[ts[j].id].append(med[label][pid] - own[pid])
+            extra[ts[j].id].append(med[label][j] - med[ts[j].id][j])
     cuts = {t: max(0.0, statistics.median(xs)) if xs else 0.0 for t, xs in extra.items()}
     chain_s = {label: statistics.median(xs) for label, xs in totals.items() if xs}
     out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0)
@@ -165,8 +165,7 @@ def cached_cut_costs(table: Any, graph: DataflowGraph, targets: Sequence[Target]
                                       device=host.describe(), strictness="device")
         if all((fp, t.measure_key) in hits and hits[fp, t.measure_key].ok for t in targets):
             cuts = {t.id: hits[fp, t.measure_key].seconds for t in targets}
-            return CutCosts(cuts, int(fp.rsplit(":", 1)[1]), 0, chain_s={}, wall_s=0.0,
-                            cached=True)
+            return CutCosts(cuts, int(fp.rsplit(":", 1)[1]), 0, cached=True)
     if not measure:
         return None
     cc = measure_cut_costs(graph, targets, chunks=chunks, **probe)

@@ -20,6 +20,7 @@ import enum
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,11 @@ class DataflowGraph:
     @property
     def all_mask(self) -> int:
         return (1 << len(self.nodes)) - 1
+
+    @cached_property
+    def total_bytes(self) -> int:
+        """Bytes one run of the whole model touches: every weight, input and activation."""
+        return sum(t.nbytes for t in self.tensors.values())
 
     def node_by_name(self, name: str) -> Node:
         for n in self.nodes:

@@ -260,8 +260,7 @@ class SubGraph:
         other partitions left: the model's weights and activations minus its own. ``network``
         measurement mode evicts this much before each timed run (`runners.measure`).
         """
-        total = sum(t.nbytes for t in self.graph.tensors.values())
-        return max(0, total - self.own_bytes())
+        return max(0, self.graph.total_bytes - self.own_bytes())
 
     # --- structural hash (fingerprints) ------------------------------------------------------
     @cached_property

@@ -58,8 +58,8 @@ LEGACY_MODE = "warm"
 #: run again and again *is* the network around each of its parts
 DEFAULT_MODE = "warm"
 #: the mode campaigns measure candidates in: each inside its own network (runners.measure),
-#: chosen by its additive error against warm and flush (bench/additive.py,
-#: bench/results/additive-vm.md)
+#: chosen by its error against chunks timed in a running chain (bench/results/inchain-vm.md)
+#: and plans run end to end (bench/results/additive-vm-network.md)
 CANDIDATE_MODE = "network"
 
 

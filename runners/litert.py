@@ -37,7 +37,8 @@ the outputs out into new arrays (one copy each way). The crossing is timed once 
 (median of a few crossings, `_bind_inputs`) and **added to every sample** (details:
 ``layout_boundary_s``, ``boundary_in_cost=True``): a cost is what the partition costs in a
 plan. (Before, it was left out and LiteRT partitions looked cheaper than they ran: on
-resnet18-64, a chain of 6 LiteRT chunks ran 1.2 ms over the whole model, 0.24 ms per cut.)
+resnet18-64, a chain of 6 LiteRT chunks ran ~1.2 ms over the whole model,
+bench/results/cut-diagnostics-vm.md.)
 
 Feeds are seeded from the fingerprint exactly as `collage_farm.graph.random_inputs` seeds them
 for the ONNX model (float32 standard normal per input, integers in [0, 4) for integer inputs such

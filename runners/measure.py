@@ -30,10 +30,11 @@ sub-graph inside a whole model seldom does (field notes: isolated warm runs are 
   read-modify-write of that many bytes, at most 2 x LLC of this machine
   (`network_eviction_bytes`: more evicts nothing more); then the candidate's input buffers
   are read back (one load per cache line), as if the partition producing them had just written
-  them. Measured on this VM (bench/results/additive-vm.md, 8 chunks per model, each chunk's
-  time inside a running chain vs alone): sizing the eviction by the rest of the network put
-  the sum of chunk costs within -9..+3% of their in-chain sum on resnet18/50, mobilenet_v2,
-  bert and gpt2, where warm runs were -29..+6% off and a fixed 2 x L2 eviction -30..+12%.
+  them. Measured on this VM (bench/inchain.py -> bench/results/inchain-vm.md: 6 zoo models
+  in 8 chunks, each chunk's time alone vs inside a running chain): sizing the eviction by the
+  rest of the network put the sum of chunk costs within -9.9..+0.3% of their in-chain sum
+  (median |error| 1.3%), where warm runs were -34..+8% off and a fixed 2 x L2 eviction
+  -27..+30%.
   ``network_bytes=0`` evicts 2 x L2; ``flush_bytes`` > 0 sets the eviction size outright.
 
 Eviction and touching happen outside the timed region, so they cost wall time, not samples.
@@ -60,7 +61,6 @@ __all__ = [
     "flush_for",
     "llc_bytes",
     "network_eviction_bytes",
-    "network_flush_bytes",
     "pin_to_cores",
     "private_cache_bytes",
     "summarize",
@@ -137,18 +137,6 @@ def _default_flusher() -> CacheFlusher:
     if _DEFAULT_FLUSHER is None:
         _DEFAULT_FLUSHER = CacheFlusher()
     return _DEFAULT_FLUSHER
-
-
-def network_flush_bytes(working_set_bytes: int) -> int:
-    """Eviction size for ``network`` mode inside a model touching ``working_set_bytes``.
-
-    Between two runs of one partition the rest of the network touches about the model's
-    weights and activations: a tiny model stays in the last-level cache (evict the core's own
-    caches only), a model larger than it streams from memory (evict it all). Clamped to
-    [2 x L2, 2 x LLC].
-    """
-    lo, hi = 2 * private_cache_bytes(), 2 * llc_bytes()
-    return int(min(hi, max(lo, int(working_set_bytes))))
 
 
 def network_eviction_bytes(config: MeasureConfig) -> int:

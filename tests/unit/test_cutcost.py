@@ -38,7 +38,6 @@ def test_real_probe_ort_and_openvino_on_mnist() -> None:
     targets = [T["ort-cpu"], T["openvino-cpu"]]
     cc = measure_cut_costs(g, targets, chunks=3, rounds=2, runs_per_round=3)
     assert set(cc.cuts) == {"ort-cpu", "openvino-cpu"}
-    assert all(v >= 0.0 for v in cc.cuts.values())
     assert cc.chunks == 3 and cc.rounds == 2 and not cc.skipped
     assert set(cc.chain_s) == {"ort-cpu", "openvino-cpu", "ort-cpu/openvino-cpu",
                                "openvino-cpu/ort-cpu"}
