@@ -211,7 +211,8 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
     ]
     head = (["model", "nodes", "parts D/R/F"] + [f"{t} ms" for t in tids]
             + ["Dijkstra ms", "refined ms", "final ms", "final is", "final vs best",
-               "Dijkstra vs best", "Dijkstra est ms", "additive err (D)", "refine gain",
+               "Dijkstra vs best", "Dijkstra est ms", "additive err (D)",
+               "calibrated err (D)", "est. gain", "mix/best per round", "refine gain",
                "noise"])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     speedups, speedups_diff = [], []
@@ -237,6 +238,11 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
                   str(s.get("plan_is")), f"{sp:.3f}x" if sp else "-",
                   f"{best / d:.3f}x" if best and d else "-",
                   _ms(s.get("dijkstra_estimated_s")), _pct(s.get("dijkstra_additive_error")),
+                  _pct(s.get("dijkstra_calibrated_additive_error")),
+                  f"{s['estimated_gain_vs_best_single']:.3f}x"
+                  if s.get("estimated_gain_vs_best_single") else "-",
+                  f"{(s.get('mix_vs_best_single') or {}).get('ratio', 0):.3f}"
+                  if s.get("mix_vs_best_single") else "-",
                   _pct(s.get("refine_gain")), _pct(s.get("noise_threshold"))]
         lines.append("| " + " | ".join(cells) + " |")
 
@@ -250,8 +256,15 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
                   f"{s['label']}: {s.get('ort_multi_ep')}" for s in rows[:1]),
               "- parts D/R/F: partitions of the Dijkstra, refined and final plans; 'final is': "
               "which plan the never-worse rule kept; additive err (D) = (measured - "
-              "estimated) / measured for the Dijkstra plan; noise = the threshold the final "
-              "decision used (max(3%, 2.5 x combined CV / sqrt(rounds)))", ""]
+              "estimated) / measured for the Dijkstra plan; calibrated err (D): the same with "
+              "each partition's estimate scaled by its target's whole-model measured/estimated "
+              "ratio from the verify run (drift since the campaign and runner-vs-executor "
+              "offsets removed; what is left is non-additivity); est. gain: the best single "
+              "toolchain's whole-model estimate over the Dijkstra estimate (the gain the search "
+              "believed in); mix/best per round: the median per-round ratio of the kept-or-"
+              "rejected mix to the best single in the interleaved verify run; noise = the "
+              "threshold the final decision used (max(3%, 2.5 x 1.25 x sd of the per-round log "
+              "ratios / sqrt(rounds)); a mix is kept only when a second run agrees)", ""]
     lines += ["## Never-worse decisions", ""]
     lines += [f"- {s['label']}: {s.get('never_worse') or s.get('error')} "
               f"(campaign {s.get('campaign_s', 0):.0f} s, {s.get('measured', 0)} measured, "
@@ -272,7 +285,9 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
     for s in rows:
         for t in (s.get("refine") or {}).get("log", []):
             lines.append(f"- {s['label']}: {t['description']}: {t['status']} "
-                         f"({_ms(t.get('current_s'))} -> {_ms(t.get('candidate_s'))} ms)"
+                         f"({_ms(t.get('current_s'))} -> {_ms(t.get('candidate_s'))} ms"
+                         + (f", per-round ratio {t['ratio']:.3f}" if t.get("ratio") else "")
+                         + ")"
                          + (f" {t['error'][:120]}" if t.get("error") else ""))
     text = "\n".join(lines) + "\n"
     if not quiet:

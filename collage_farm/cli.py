@@ -180,6 +180,12 @@ def _print_summary(s: dict) -> None:
         if s.get("additive_error") is not None:
             line += f"; additive error {s['additive_error']:+.1%}"
         print(line)
+        gain, cae = s.get("estimated_gain_vs_best_single"), s.get(
+            "dijkstra_calibrated_additive_error")
+        if gain is not None:
+            print(f"the search believed its mix {gain:.3f}x the best single toolchain"
+                  + (f"; Dijkstra plan's additive error after per-target calibration "
+                     f"{cae:+.1%}" if cae is not None else ""))
         print(f"never worse: {s.get('never_worse', '')}")
     elif s.get("never_worse"):
         print(f"never worse: {s['never_worse']}")

@@ -54,11 +54,13 @@ __all__ = [
     "QUANT_RTOL",
     "CompareResult",
     "ExecutionMismatch",
+    "Interleaved",
     "PartitionRuntime",
     "PlanExecutor",
     "Timing",
     "compare_interleaved",
     "measure_interleaved",
+    "measure_interleaved_rounds",
     "measure_single",
     "ort_multi_ep",
     "reference_model",
@@ -760,13 +762,37 @@ def measure_single(model: str | os.PathLike | onnx.ModelProto, toolchain: str,
     return single_executor(model, toolchain, threads=threads).measure(config).summary
 
 
+@dataclass(frozen=True)
+class Interleaved:
+    """One interleaved run: each callable's summary and its round medians, in round order.
+
+    Round ``i`` of every callable ran within one turn of the rotation (A B C, then B C A, ...),
+    so the ratio of two callables' round-``i`` medians is free of the drift between turns:
+    `collage_farm.refine.paired` compares plans on those ratios.
+    """
+
+    summaries: dict[str, Summary]
+    rounds: dict[str, tuple[float, ...]]
+
+
 def measure_interleaved(fns: Mapping[str, Callable[[], None]], config: MeasureConfig
                         ) -> dict[str, Summary]:
     """Time several callables in interleaved rounds (A B C, B C A, ...), one round each turn.
 
     Each turn is one `time_callable` round (``rounds=1``); warm-up runs happen once per
     callable before the first round; rounds whose median is off by more than ``outlier_ratio``
-    are re-run once at the end, interleaved too.
+    are re-run once at the end, interleaved too. `measure_interleaved_rounds` also returns the
+    round medians.
+    """
+    return measure_interleaved_rounds(fns, config).summaries
+
+
+def measure_interleaved_rounds(fns: Mapping[str, Callable[[], None]], config: MeasureConfig
+                               ) -> Interleaved:
+    """`measure_interleaved`, with each callable's round medians kept in round order.
+
+    An outlier round re-run at the end replaces that round's median in place, so pairing by
+    round index stays (that one pair is further apart in time, which only widens the spread).
     """
     names = list(fns)
     one = dataclasses.replace(config, rounds=1, warmup_runs=0, outlier_ratio=0.0)
@@ -787,11 +813,12 @@ def measure_interleaved(fns: Mapping[str, Callable[[], None]], config: MeasureCo
             for i, m in enumerate(meds):
                 if center > 0 and abs(m - center) / center > config.outlier_ratio:
                     samples[n][i], _ = time_callable(fns[n], one)
-    out = {}
+    out, per_round = {}, {}
     for n in names:
         flat = [x for s in samples[n] for x in s]
-        out[n] = Summary.of(flat, [statistics.median(s) for s in samples[n]])
-    return out
+        per_round[n] = tuple(statistics.median(s) for s in samples[n])
+        out[n] = Summary.of(flat, per_round[n])
+    return Interleaved(out, per_round)
 
 
 @dataclass

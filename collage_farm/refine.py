@@ -21,12 +21,18 @@ real objective. This module does that with the heterogeneous executor (`collage_
   searched target's whole model are checked and timed interleaved in one run; the caller keeps
   the mix only when it beats the best single toolchain beyond noise.
 
-Noise: two medians measured interleaved in one run differ "beyond noise" when their relative
-difference exceeds ``max(NOISE_FLOOR, 2.5 * sqrt(cv_a^2 + cv_b^2) / sqrt(rounds))``: the cv's
-are the coefficients of variation of each side's round medians (`Summary.cv`), so the second
-term is ~2.5 standard errors of the difference of two medians of ``rounds`` round medians; the
-floor (3%) is the field notes' process-to-process spread and the issue's goal tolerance, so a
-plan is never swapped for a gain a second run would not reproduce.
+Noise: two plans timed interleaved in one run are compared **round by round** (`paired`):
+round ``i`` of each ran within one turn of the rotation, so the ratio of their round-``i``
+medians is free of the drift between turns, which on a shared VM is the larger noise (a whole
+model moved 30% between back-to-back runs; the unpaired spread of round medians made the
+never-worse threshold 3-20%). ``a`` beats ``b`` when the median of the per-round ratios
+``a_i / b_i`` is below ``1 - threshold``, ``threshold = max(NOISE_FLOOR, NOISE_SIGMAS * 1.25 *
+sd(log ratios) / sqrt(rounds))``: ~2.5 standard errors of that median. The floor (3%) is the
+field notes' process-to-process spread and the issue's goal tolerance, so a plan is never
+swapped for a gain a second run would not reproduce. Without round data (one round, or a
+caller's summaries only) the unpaired rule stands: ``max(NOISE_FLOOR, NOISE_SIGMAS *
+sqrt(cv_a^2 + cv_b^2) / sqrt(rounds))`` on the medians, the cv's being those of each side's
+round medians (`Summary.cv`).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "NOISE_FLOOR",
     "Move",
+    "Paired",
     "Part",
     "PlanBuilder",
     "RefineResult",
@@ -64,6 +71,7 @@ __all__ = [
     "beyond_noise",
     "noise_threshold",
     "order_parts",
+    "paired",
     "parts_of",
     "propose_moves",
     "refine",
@@ -85,8 +93,42 @@ def noise_threshold(a: Summary, b: Summary, rounds: int) -> float:
 
 
 def beyond_noise(faster: Summary, slower: Summary, rounds: int) -> bool:
-    """Whether ``faster`` beats ``slower`` by more than `noise_threshold`."""
+    """Whether ``faster`` beats ``slower`` by more than `noise_threshold` (unpaired)."""
     return faster.median < slower.median * (1.0 - noise_threshold(faster, slower, rounds))
+
+
+MEDIAN_SE = 1.2533  # standard error of a median / standard error of a mean (normal samples)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """``a`` against ``b`` from one interleaved run (see module doc)."""
+
+    ratio: float  # a / b: the median of the per-round ratios (paired), else of the medians
+    threshold: float  # relative difference below which a and b are the same
+    pairs: int  # rounds compared pairwise; 0 = the unpaired rule decided
+
+    @property
+    def a_faster(self) -> bool:
+        """``a`` beats ``b`` beyond noise."""
+        return self.ratio < 1.0 - self.threshold
+
+    def to_json(self) -> dict:
+        return {"ratio": self.ratio, "threshold": self.threshold, "pairs": self.pairs}
+
+
+def paired(a: Summary, b: Summary, a_rounds: Sequence[float] = (),
+           b_rounds: Sequence[float] = (), rounds: int = 1) -> Paired:
+    """Compare ``a`` with ``b`` round by round when both have >= 3 positive round medians,
+    else on their medians with the unpaired `noise_threshold` (see module doc)."""
+    pairs = [(x, y) for x, y in zip(a_rounds, b_rounds) if x > 0 and y > 0]
+    if len(pairs) >= 3:
+        logs = [math.log(x / y) for x, y in pairs]
+        sd = float(np.std(logs, ddof=1))
+        thr = max(NOISE_FLOOR, NOISE_SIGMAS * MEDIAN_SE * sd / math.sqrt(len(pairs)))
+        return Paired(float(math.exp(float(np.median(logs)))), thr, len(pairs))
+    ratio = a.median / b.median if b.median > 0 else math.inf
+    return Paired(ratio, noise_threshold(a, b, rounds), 0)
 
 
 # ----------------------------------------------------------------------------------------
@@ -351,6 +393,7 @@ class Trial:
     candidate_s: float | None = None
     threshold: float | None = None
     error: str = ""
+    ratio: float | None = None  # candidate / current, paired per round (`paired`)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -398,7 +441,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
     config = config or MeasureConfig(rounds=5, min_round_s=0.02)
     builder = builder or PlanBuilder(graph, threads=threads)
     sup = supports or default_supports(graph)
-    from collage_farm.executor import measure_interleaved
+    from collage_farm.executor import measure_interleaved_rounds
 
     try:
         cur_ex = builder.executor(start)
@@ -436,26 +479,27 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
                 ex = builder.executor(ordered)
                 builder.check(ex)
                 fn = ex.timed_callable(builder.feeds(ex))
-                res = measure_interleaved({"current": cur_fn, "candidate": fn}, config)
+                res = measure_interleaved_rounds({"current": cur_fn, "candidate": fn}, config)
             except Exception as e:
                 log_.append(Trial(mv.kind, mv.description, "failed",
                                   error=f"{type(e).__name__}: {str(e)[:300]}"))
                 continue
-            a, b = res["current"], res["candidate"]
-            thr = noise_threshold(a, b, config.rounds)
-            ok = beyond_noise(b, a, config.rounds)
+            a, b, cmp = _pair(res, config.rounds)
+            ok = cmp.a_faster
             if ok:  # confirm in a second interleaved run: one run's win can be this VM's drift
                 try:
-                    again = measure_interleaved({"current": cur_fn, "candidate": fn}, config)
+                    again = measure_interleaved_rounds({"current": cur_fn, "candidate": fn},
+                                                       config)
                 except Exception:  # ran once, fails now: not a move to keep
                     ok = False
                 else:
-                    ok = beyond_noise(again["candidate"], again["current"], config.rounds)
+                    a2, b2, cmp2 = _pair(again, config.rounds)
+                    ok = cmp2.a_faster
                     if not ok:  # the log shows the run that decided
-                        a, b = again["current"], again["candidate"]
-                        thr = noise_threshold(a, b, config.rounds)
+                        a, b, cmp = a2, b2, cmp2
+            thr = cmp.threshold
             log_.append(Trial(mv.kind, mv.description, "accepted" if ok else "rejected",
-                              a.median, b.median, thr))
+                              a.median, b.median, thr, ratio=cmp.ratio))
             log.info("refine: %s: %.4f -> %.4f ms (%s)", mv.description, a.median * 1e3,
                      b.median * 1e3, "kept" if ok else "not beyond noise")
             if ok:
@@ -468,6 +512,13 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
             break
     return RefineResult(start, tuple(cur), tuple(log_), invalid, time.perf_counter() - t0,
                         stopped)
+
+
+def _pair(res: Any, rounds: int) -> tuple[Summary, Summary, Paired]:
+    """current, candidate, and the candidate against the current (`paired`)."""
+    a, b = res.summaries["current"], res.summaries["candidate"]
+    return a, b, paired(b, a, res.rounds.get("candidate", ()), res.rounds.get("current", ()),
+                        rounds)
 
 
 # ----------------------------------------------------------------------------------------
@@ -483,6 +534,7 @@ class VerifyResult:
     singles: tuple[str, ...]  # the names that are single-target whole models
     rounds: int
     check_errors: dict[str, dict[str, float]] = field(default_factory=dict)
+    round_medians: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def median(self, name: str) -> float | None:
         s = self.summaries.get(name)
@@ -493,12 +545,17 @@ class VerifyResult:
         ok = [n for n in self.singles if n in self.summaries]
         return min(ok, key=lambda n: self.summaries[n].median) if ok else None
 
+    def compare(self, a: str, b: str) -> Paired:
+        """``a`` against ``b``, round by round (`paired`)."""
+        return paired(self.summaries[a], self.summaries[b], self.round_medians.get(a, ()),
+                      self.round_medians.get(b, ()), self.rounds)
+
     def beats(self, name: str, other: str) -> bool:
         """``name`` faster than ``other`` beyond noise."""
-        return beyond_noise(self.summaries[name], self.summaries[other], self.rounds)
+        return self.compare(name, other).a_faster
 
     def threshold(self, a: str, b: str) -> float:
-        return noise_threshold(self.summaries[a], self.summaries[b], self.rounds)
+        return self.compare(a, b).threshold
 
 
 def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
@@ -518,7 +575,7 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
             continue
         entries[t.id] = (Part(graph.all_mask, t),)
         singles.append(t.id)
-    from collage_farm.executor import measure_interleaved
+    from collage_farm.executor import measure_interleaved_rounds
 
     fns: dict[str, Callable[[], None]] = {}
     errors: dict[str, str] = {}
@@ -540,14 +597,18 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
             fns[name] = ex.timed_callable(builder.feeds(ex))
         except Exception as e:
             errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
-    summaries = measure_interleaved(fns, config) if fns else {}
+    run = measure_interleaved_rounds(fns, config) if fns else None
+    summaries = dict(run.summaries) if run else {}
+    per_round = dict(run.rounds) if run else {}
     for name, src in alias.items():
         if src in summaries:
             summaries[name] = summaries[src]
+            per_round[name] = per_round.get(src, ())
             checks[name] = checks.get(src, {})
         elif src in errors:
             errors[name] = errors[src]
-    return VerifyResult(summaries, errors, tuple(singles), max(1, config.rounds), checks)
+    return VerifyResult(summaries, errors, tuple(singles), max(1, config.rounds), checks,
+                        per_round)
 
 
 # ----------------------------------------------------------------------------------------

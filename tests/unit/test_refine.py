@@ -137,8 +137,8 @@ def test_refine_real_sessions_keeps_invariants(mnist: DataflowGraph) -> None:
     b.check(b.executor(list(r.parts)))  # numerics of the refined plan
     for t in r.trials:
         assert t.status in ("accepted", "rejected", "failed")
-        if t.status == "accepted":  # kept only beyond noise
-            assert t.candidate_s < t.current_s * (1 - t.threshold)
+        if t.status == "accepted":  # kept only beyond noise, round by round
+            assert t.ratio is not None and t.ratio < 1 - t.threshold
     assert r.changed == (r.accepted > 0)
     if r.changed:  # never slower than the start beyond noise, re-measured side by side
         v = verify(mnist, {"start": start, "refined": r.parts}, [], config=FAST, builder=b)
@@ -157,6 +157,9 @@ def test_verify_and_to_search_result(mnist: DataflowGraph) -> None:
     v = verify(mnist, {"plan": start, "same": list(start)}, [ORT, OV], config=FAST, builder=b)
     assert set(v.summaries) == {"plan", "same", "ort-cpu", "openvino-cpu"}
     assert v.summaries["same"] is v.summaries["plan"]  # identical plans timed once
+    assert v.round_medians["same"] == v.round_medians["plan"]
+    assert all(len(r) == FAST.rounds for r in v.round_medians.values())
+    assert v.compare("plan", "ort-cpu").pairs == FAST.rounds  # decided round by round
     assert v.best_single in ("ort-cpu", "openvino-cpu")
     base = SearchResult(tuple(PlannedPartition(CandidatePartition(SubGraph(mnist, p.mask),
                                                                   p.target), Cost(2e-6), 1e-6)
@@ -208,9 +211,10 @@ def test_a_move_is_kept_only_when_a_second_run_confirms_it(
 
     def scripted(fns, config):
         assert set(fns) == {"current", "candidate"}
-        return script.pop(0)
+        run = script.pop(0)  # no round medians: the unpaired rule decides
+        return executor.Interleaved(run, {})
 
-    monkeypatch.setattr(executor, "measure_interleaved", scripted)
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
     start = alternating(mnist)
     b = PlanBuilder(mnist)
     # the first run says 20% faster, the confirmation run says equal: rejected
