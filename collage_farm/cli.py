@@ -51,6 +51,11 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-cut-costs", action="store_true",
                    help="do not measure this model's cut cost per target (each chunk inside "
                    "chains of other toolchains vs its own) for the search's transitions")
+    p.add_argument("--confirm-rounds", type=int, default=3, metavar="N",
+                   help="after the search, re-measure the chosen path's candidates and each "
+                   "target's whole model, then search again, up to N times until the path "
+                   "is made of re-measured candidates (default 3; 0 disables; measured "
+                   "campaigns only)")
     p.add_argument("--no-verify", action="store_true",
                    help="do not measure the plan end to end against each single toolchain "
                    "(never-worse check); by default a plan not faster than the best single "
@@ -106,6 +111,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         report=not args.no_report,
         measure_mode=args.measure_mode or "",
         cut_costs=not args.no_cut_costs,
+        confirm_rounds=max(0, args.confirm_rounds),
     )
     summary = run_tune(opts)
     if args.json:
@@ -165,6 +171,13 @@ def _print_summary(s: dict) -> None:
     print(f"plan: {s['partitions']} partitions ({per}); estimated "
           f"{s['estimated_total_s'] * 1e3:.3f} ms{warn}")
     if s.get("plan_measured_s") is not None:
+        conf = s.get("confirm") or {}
+        if conf.get("remeasured"):
+            print(f"confirmation: {conf['remeasured']} candidates re-measured "
+                  f"({conf['stopped_by']}; path {'changed' if conf['path_changed'] else 'kept'};"
+                  f" median fresh/first {conf['median_after_over_before'] or float('nan'):.3f}"
+                  f"); estimate {s['first_search_estimated_s'] * 1e3:.3f} -> "
+                  f"{s['dijkstra_estimated_s'] * 1e3:.3f} ms")
         ref = s.get("refine") or {}
         print(f"refinement: {ref.get('trials', 0)} measured trials, {ref.get('accepted', 0)} "
               f"kept ({ref.get('stopped_by', '')})" + (

@@ -54,6 +54,24 @@ class CostEstimator(abc.ABC):
         """A cost no measurement of this candidate can beat; 0 when nothing better is known."""
         return Cost.zero()
 
+    def remeasure(self, candidates: Sequence[CandidatePartition]) -> list[Cost] | None:
+        """Fresh, independent measurements of candidates this estimator already answered.
+
+        Contract: one `Cost` per candidate, in order, measured now whatever a memo or table
+        holds; later `estimate` calls answer the fresh cost. A fresh failure of a candidate
+        that had measured fine keeps the earlier cost (a transient fault is not a property of
+        the candidate). None when this estimator cannot measure (tables, formulas, mock): the
+        caller then keeps its costs. Why: the search picks the cheapest path among thousands
+        of noisy costs, so the costs on the path it picks are biased low (the winner's curse);
+        an independent measurement of just those is not (`collage_farm.campaign.confirm`).
+        """
+        return None
+
+    def is_confirmed(self, candidate: CandidatePartition) -> bool:
+        """Whether the candidate's cost is already a re-measurement (`remeasure`, here or in an
+        earlier campaign whose table row says so), so confirming it again adds nothing."""
+        return False
+
     def stats(self) -> EstimatorStats:
         return EstimatorStats()
 

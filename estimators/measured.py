@@ -31,6 +31,7 @@ answered invalid because of a failure (cached or fresh) with ``failed_by_status`
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,6 +43,9 @@ from collage_farm.cost import Cost
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator, EstimatorStats
 from runners.base import CANDIDATE_MODE, BuildInput, MeasureConfig, MeasureResult, Status
+
+#: details key of a cost-table row written by `FarmEstimator.remeasure`
+CONFIRM_DETAIL = "confirmation"
 
 if TYPE_CHECKING:
     from collage_farm.costtable import CostTable, CostTableWriter
@@ -132,6 +136,7 @@ class FarmEstimator(CostEstimator):
         self._measured = 0
         self._failed: dict[str, int] = {}
         self._lb_asked: set[str] = set()
+        self._confirmed: set[str] = set()  # fingerprints whose cost is a re-measurement
         self._closed = False
 
     # --- CostEstimator -------------------------------------------------------------------
@@ -147,6 +152,34 @@ class FarmEstimator(CostEstimator):
         new = [fp for fp in first if fp not in self._memo]
         if new:
             self._resolve({fp: first[fp] for fp in new})
+        return [self._memo[c.fingerprint] for c in candidates]
+
+    def remeasure(self, candidates: Sequence[CandidatePartition]) -> list[Cost] | None:
+        """Measure ``candidates`` again on the farm (see `CostEstimator.remeasure`).
+
+        The fresh rows are written to the table too (lookups prefer the newest ok row, so a
+        later campaign reuses them). Counted in ``measured``, not ``requested``.
+        """
+        first: dict[str, CandidatePartition] = {}
+        for c in candidates:
+            first.setdefault(c.fingerprint, c)
+        old = {fp: self._memo.get(fp) for fp in first}
+        for res in self.farm.measure(self._requests(first)):
+            c = first.get(res.fingerprint)
+            if c is None:
+                log.warning("farm estimator: unexpected result for %s", res.fingerprint)
+                continue
+            self._record(c, res, confirmation=True)
+            if res.status is Status.OK:
+                self._confirmed.add(c.fingerprint)
+        for fp, before in old.items():
+            now = self._memo.get(fp)
+            if before is not None and before.is_known and (now is None or not now.is_known):
+                log.info("farm estimator: re-measuring %s failed; its earlier cost stands",
+                         first[fp].label())
+                self._memo[fp] = before
+            elif now is None:
+                self._memo[fp] = Cost.invalid()
         return [self._memo[c.fingerprint] for c in candidates]
 
     def stats(self) -> FarmEstimatorStats:
@@ -208,6 +241,12 @@ class FarmEstimator(CostEstimator):
         for (fp, _key), row in hits.items():
             self._memo[fp] = row.cost
             self._cache_hits += 1
+            if row.ok and CONFIRM_DETAIL in (row.details or ""):
+                try:
+                    if json.loads(row.details).get(CONFIRM_DETAIL):
+                        self._confirmed.add(fp)
+                except ValueError:  # an unreadable details string: not a confirmation
+                    pass
             if not row.ok:
                 self._failed[row.status] = self._failed.get(row.status, 0) + 1
         missing = {fp: c for fp, c in cands.items() if fp not in self._memo}
@@ -243,16 +282,22 @@ class FarmEstimator(CostEstimator):
             yield MeasureRequest(BuildInput(fp, c.target, onnx_bytes, ranges, label),
                                  candidate_config(self.config, c))
 
-    def _record(self, c: CandidatePartition, res: MeasureResult) -> None:
-        from collage_farm.costtable import row_from_result
+    def is_confirmed(self, candidate: CandidatePartition) -> bool:
+        return candidate.fingerprint in self._confirmed
+
+    def _record(self, c: CandidatePartition, res: MeasureResult, *,
+                confirmation: bool = False) -> None:
+        from collage_farm.costtable import row_from_result, to_json
         from collage_farm.farm import FARM_DETAIL
 
         fp = c.fingerprint
         farm_made = dict(res.details).get(FARM_DETAIL) == "no_runner"
         if not farm_made:
-            self.writer.append(row_from_result(
-                res, campaign_id=self.campaign_id, model=self.model,
-                nodes=c.node_names, op_types=c.op_types))
+            row = row_from_result(res, campaign_id=self.campaign_id, model=self.model,
+                                  nodes=c.node_names, op_types=c.op_types)
+            if confirmation:  # a later campaign need not re-measure it again
+                row["details"] = to_json({**dict(res.details), CONFIRM_DETAIL: "1"})
+            self.writer.append(row)
             self._measured += 1
         if res.status is Status.OK:
             self._memo[fp] = Cost(res.seconds)

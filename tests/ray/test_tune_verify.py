@@ -90,6 +90,8 @@ def test_tune_cli_json_refines_and_compare_spreads(ray_cluster: Any, tmp_path: P
     for k in SUMMARY_KEYS + NEVER_WORSE_KEYS:
         assert k in s, k
     assert s["measured"] > 0
+    # the chosen path and the whole models were re-measured (the winner's curse)
+    assert s["confirm"]["remeasured"] >= 2 and s["confirm"]["stopped_by"] in ("stable", "rounds")
     assert len(s["refine"]["log"]) <= 2
     assert s["plan_is"] in ("dijkstra", "refined", "best_single")
     assert set(s["singles_measured_s"]) == set(TARGETS.split(","))
@@ -109,6 +111,8 @@ def test_tune_cli_json_refines_and_compare_spreads(ray_cluster: Any, tmp_path: P
     assert rc == 0
     s2 = json.loads(buf.getvalue())
     assert s2["measured"] == 0 and "plan_measured_s" not in s2 and "skipped" in s2["verify"]
+    # the table's rows say which costs were re-measurements: none is measured a third time
+    assert s2["confirm"]["remeasured"] == 0 and s2["confirm"]["already_confirmed"] >= 2
     assert not (tmp_path / "nv" / "report.html").exists()
 
     # the same sub-graph across targets from the table just measured, largest spread first
