@@ -117,6 +117,8 @@ def main() -> int:
     ap.add_argument("--refine-trials", type=int, default=4)
     ap.add_argument("--refine-time", type=float, default=60.0)
     ap.add_argument("--verify-rounds", type=int, default=7)
+    ap.add_argument("--confirm-rounds", type=int, default=3,
+                    help="confirmation rounds after the search (tune --confirm-rounds)")
     ap.add_argument("--cost-table", default=os.path.join(tempfile.gettempdir(),
                                                          "collage-bench-costs"))
     ap.add_argument("--out", default="bench/results")
@@ -167,7 +169,8 @@ def main() -> int:
                 s = run_tune(TuneOptions(model=source, targets=tuple(targets),
                                          out=work / label, refine_trials=args.refine_trials,
                                          refine_time_s=args.refine_time,
-                                         verify_rounds=args.verify_rounds, report=False),
+                                         verify_rounds=args.verify_rounds, report=False,
+                                         confirm_rounds=args.confirm_rounds),
                              estimator=est)
                 s["error"] = ""
             except Exception as e:
@@ -200,7 +203,9 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
         f"- targets: {', '.join(tids)}"
         + ("" if "litert-cpu" in tids else f" (litert-cpu not available: {why_not_litert})"),
         f"- farm campaign per model (embedded Ray, real measurements, cost table "
-        f"`{args.cost_table}`, cached rows reused), then `tune`'s post-search step: "
+        f"`{args.cost_table}`, cached rows reused), then `tune`'s confirmation (the chosen "
+        f"path's candidates and the whole models re-measured, search again; <= "
+        f"{args.confirm_rounds} rounds) and post-search step: "
         f"refinement <= {args.refine_trials} measured trials / {args.refine_time:.0f} s, and one "
         f"interleaved run of {args.verify_rounds} rounds (>= 50 ms each) of every plan and "
         f"single toolchain; 1 thread per session; candidates timed in `{args.measure_mode}` "
