@@ -33,13 +33,38 @@ Why Ray, and how it is used
   pulls requests from the caller's iterator only as runners free up (bounded in-flight queue).
   Results are consumed with ``ray.wait`` in completion order.
 * **Runner death** (the actor process killed or crashed, a hung call killed by the watchdog, or
-  the node lost): every call in flight on that runner is taken back and re-queued, preferring
-  another runner. The call that was executing (the oldest: an actor runs calls in order) gets a
-  strike unless the node itself died; a candidate with ``crash_limit`` (2) strikes is returned
-  as a ``crashed`` result (``timeout`` if the watchdog killed it) and the campaign goes on. A
-  runner whose actor dies is restarted by Ray (``max_restarts``), probed with ``ping`` and put
-  back to work; a runner whose node is gone is retired. Actor calls use ``max_task_retries=0``:
-  retries are ours, so that strikes can be counted and work moved to other runners.
+  the node lost): every call in flight on that runner is taken back. The call that was
+  executing gets a strike unless the node itself died; a candidate with ``crash_limit`` (2)
+  strikes is returned as a ``crashed`` result (``timeout`` if the watchdog killed it), the
+  others are re-queued and the campaign goes on. A runner whose actor dies is restarted by Ray
+  (``max_restarts``), probed with ``ping`` and put back to work; a runner whose node is gone is
+  retired. Actor calls use ``max_task_retries=0``: retries are ours, so that strikes can be
+  counted and work moved to other runners.
+
+  *Which* call was executing is not "the oldest unanswered one". When the actor process dies,
+  Ray fails every unanswered call with the same error (``ActorUnavailableError: ... Socket
+  closed``, "may or may not have been executed"), and that includes a call that had *finished*
+  but whose reply was still in the dying process (the actor starts its next call the moment
+  one returns, and a candidate that kills the process on arrival kills it within a millisecond,
+  before the reply is sent). Striking the oldest unanswered call struck that innocent one, twice
+  when the culprit was re-queued behind it again, so it was recorded ``crashed`` and never
+  measured. So each runner keeps a call journal on its node (`_CallJournal`: the id of the last
+  call it finished, written when the call returns), and the restarted actor reports it with the
+  ``ping`` the farm probes it with. Until then the dead runner's calls are *held*; then the
+  oldest call the runner had not finished gets the strike and the rest are re-queued without
+  one. A runner that never comes back cannot report: its oldest unanswered call gets the strike.
+  (Seen on this 2-core VM: a candidate measured 1.4 ms before the one that exited the actor
+  was struck on both runners and recorded ``crashed``.)
+
+  The other way round, a ``crashed`` *result* is not always the candidate's either: Ray kills
+  an actor's child processes before the actor itself (``ray.kill``, the watchdog), so the call
+  it was running sees the LocalRunner's worker die of SIGKILL and can still reply ``crashed``
+  in the ~70 ms before the process exits (seen: a 0.08 s candidate answered ``crashed`` after
+  27 ms, with the worker log saying "Try killing all child processes ... Quick exit"). Such a
+  result would be a ``crashed`` row, kept in the cost table for good. So a runner's ``crashed``
+  result is delivered only after a ``ping`` sent behind it is answered by the same actor
+  process; if the runner died instead, the result is dropped and the call counts as the one
+  the dead runner was running.
 * **Auth**: Ray's token authentication stays on. An embedded ``ray.init()`` enables it by
   default and a cluster joined with ``--address`` needs its token (``~/.ray/auth_token`` or
   ``RAY_AUTH_TOKEN``); only tests set ``RAY_AUTH_MODE=disabled``, and the farm warns when it
@@ -51,7 +76,11 @@ parseable ``logging`` lines (``farm progress done=.. total=.. hits=.. failed=.. 
 Test-only fault injection: a ``null``-toolchain target with option ``farm_exit_on`` (``"*"``,
 or a substring of the fingerprint or of the request label, like `runners.null`'s options) makes
 the runner *actor process* exit when it receives a matching request, so tests can exercise
-runner death without killing processes by hand. No other toolchain honours it.
+runner death without killing processes by hand. Two more fire in a runner's first incarnation
+only, and make the races described above deterministic: ``farm_exit_after`` exits right
+*after* a matching request finished, before its reply leaves; ``farm_killed_on`` answers a
+matching request ``crashed`` (as a call whose worker Ray killed along with the actor does)
+and then exits without answering anything else. No other toolchain honours them.
 """
 
 from __future__ import annotations
@@ -59,6 +88,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -67,7 +97,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -97,6 +129,8 @@ CPU_SLOT_RE = re.compile(r"^cpu_slot_(\d+)$")
 ETHOSU_RESOURCE = "ethosu_sim"
 DEVICE_KINDS = ("cpu", "cuda", "ethos-u")
 FAULT_OPTION = "farm_exit_on"
+FAULT_AFTER_OPTION = "farm_exit_after"
+FAULT_KILLED_OPTION = "farm_killed_on"
 FAULT_EXIT_CODE = 77
 #: `MeasureResult.details` key set on results the farm produced itself (not a runner)
 FARM_DETAIL = "farm"
@@ -159,6 +193,23 @@ class RunnerInfo:
     versions: tuple[tuple[str, str], ...]  # (toolchain, version)
     cores: tuple[int, ...]
     declared_resources: tuple[tuple[str, float], ...]  # what the LocalRunner declares
+    incarnation: str = ""  # unique per actor process: tells a restart from a lost connection
+
+
+@dataclass(frozen=True)
+class RunnerPing:
+    """A runner's answer to the farm's probe after it failed.
+
+    ``finished`` is the id of the last call this runner finished, in any incarnation, read
+    from its call journal (0: none yet; None: unknown, the journal could not be read). A call
+    the farm sent it with a larger id had not finished when the process died, so the oldest
+    such call is the one it was executing. ``incarnation`` differs from the one the farm knew
+    when Ray restarted the actor, and is the same when only the connection failed.
+    """
+
+    pid: int
+    incarnation: str
+    finished: int | None
 
 
 @dataclass(frozen=True)
@@ -191,12 +242,86 @@ def _detail(res: MeasureResult, **extra: object) -> MeasureResult:
     return dataclasses.replace(res, details=tuple(res.details) + tuple(extra.items()))
 
 
+class _CallJournal:
+    """The id of the last call a runner finished, in a file on its node that outlives the actor.
+
+    Why: after a runner actor process died, the farm must tell the call it was executing (the
+    culprit) from calls that had finished but whose replies died with the process (see the
+    module docstring). Only the runner knew, and its memory is gone; but Ray restarts the actor
+    on the same node (hard node affinity) under the same actor id, so the new incarnation finds
+    this file by that id and reports it (`RunnerActor.ping`). It lives in the Ray session's temp
+    directory. Cost: one ``pwrite`` of 21 bytes per call (microseconds, next to a ~0.7 ms actor
+    call round trip). A process death cannot undo a write the kernel accepted; a node crash
+    can, and then the node is gone and nothing is struck anyway.
+
+    ``finished``: 0 before any call finished, None when the file could not be read (the farm
+    then falls back to striking the oldest unanswered call). ``reopened``: the file was there,
+    i.e. this is a restarted incarnation of the runner. Outside a Ray actor (no actor id) the
+    journal is kept in memory only.
+    """
+
+    WIDTH = 20
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self.finished: int | None = 0
+        self.reopened = False
+        if path is None:
+            return
+        try:
+            self.reopened = os.path.exists(path)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            text = os.pread(self._fd, 64, 0).decode("ascii", "replace").strip()
+            self.finished = int(text) if text else 0
+        except (OSError, ValueError) as e:
+            log.warning("farm: runner call journal %s unreadable (%s); a death of this runner "
+                        "will be charged to its oldest unanswered call", path, e)
+            self.finished = None
+
+    @classmethod
+    def for_actor(cls) -> _CallJournal:
+        """The journal of the calling Ray actor (in memory only outside an actor)."""
+        try:
+            ctx = ray.get_runtime_context()
+            actor_id = ctx.get_actor_id()
+            if not actor_id:
+                return cls(None)
+            folder = os.path.join(ctx.get_temp_dir(), ctx.get_session_name(), "collage-farm")
+        except Exception:
+            return cls(None)
+        return cls(os.path.join(folder, f"calls-{actor_id}"))
+
+    def mark(self, call: int) -> None:
+        """Record that call ``call`` finished (ids grow: an actor runs its calls in order)."""
+        if call <= 0:
+            return
+        self.finished = call
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.pwrite(self._fd, f"{call:0{self.WIDTH}d}\n".encode("ascii"), 0)
+
+    def close(self, remove: bool = False) -> None:
+        """Close the file; ``remove`` when the runner is shut down for good."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        if remove and self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
 class RunnerActor:
     """The body of a runner actor: a `LocalRunner` on one slot, never raising for candidates."""
 
     def __init__(self, spec: RunnerSpec) -> None:
         self.spec = spec
         self.pid = os.getpid()
+        self.incarnation = uuid.uuid4().hex
+        self.journal = _CallJournal.for_actor()
+        self._dying = False  # test-only: `farm_killed_on` fired, nothing is answered any more
         if spec.kind != "cuda":
             os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU/NPU runners must not grab a GPU
         if spec.cores and hasattr(os, "sched_setaffinity"):
@@ -234,8 +359,11 @@ class RunnerActor:
         self.calls = 0
         self._desc: dict[str, DeviceDescription] = {}
 
-    def ping(self) -> int:
-        return self.pid
+    def ping(self) -> RunnerPing:
+        """Alive; which process this is, and the last call this runner finished (its journal)."""
+        if self._dying:
+            os._exit(FAULT_EXIT_CODE)
+        return RunnerPing(self.pid, self.incarnation, self.journal.finished)
 
     def info(self) -> RunnerInfo:
         declared: tuple[tuple[str, float], ...] = ()
@@ -255,6 +383,7 @@ class RunnerActor:
             cores=tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity")
             else (),
             declared_resources=declared,
+            incarnation=self.incarnation,
         )
 
     def describe(self, target: Target) -> tuple[DeviceDescription | None, str]:
@@ -283,25 +412,59 @@ class RunnerActor:
             with contextlib.suppress(Exception):
                 self.runner.close()
             self.runner = None
+        self.journal.close(remove=True)
 
-    def _maybe_exit(self, req: MeasureRequest) -> None:
+    @staticmethod
+    def _fault_matches(req: MeasureRequest, option: str) -> bool:
         """Test-only fault injection (null toolchain only): see the module docstring."""
         t = req.target
         if t.toolchain != "null":
-            return
-        v = t.option(FAULT_OPTION)
+            return False
+        v = t.option(option)
         if not v:
-            return
+            return False
         v = str(v)
-        if v == "*" or v in req.fingerprint or (req.label and v in req.label):
+        return v == "*" or v in req.fingerprint or bool(req.label and v in req.label)
+
+    def _first_incarnation(self) -> bool:
+        """Test faults that fire once per runner: not after Ray restarted this actor."""
+        return not self.journal.reopened
+
+    def _maybe_exit(self, req: MeasureRequest) -> None:
+        if self._dying or self._fault_matches(req, FAULT_OPTION):
             os._exit(FAULT_EXIT_CODE)
 
-    def run(self, req: MeasureRequest) -> MeasureResult:
-        """Build then measure one candidate; every failure comes back as a result."""
+    def _maybe_exit_after(self, req: MeasureRequest) -> None:
+        """Die with a finished call's reply unsent, as a process killed in that window would.
+
+        First incarnation only, so that the request is measured once its runner restarted."""
+        if self._fault_matches(req, FAULT_AFTER_OPTION) and self._first_incarnation():
+            os._exit(FAULT_EXIT_CODE)
+
+    def _maybe_killed(self, req: MeasureRequest) -> MeasureResult | None:
+        """Be killed the way ``ray.kill`` kills a runner in the middle of a call.
+
+        Ray kills the actor's children first: the call sees its worker die and returns a
+        ``crashed`` result, which reaches the farm; the process executes nothing after it
+        and exits (the next call or ping, or 2 s later). First incarnation only."""
+        if not (self._fault_matches(req, FAULT_KILLED_OPTION) and self._first_incarnation()):
+            return None
+        self._dying = True
+        threading.Timer(2.0, os._exit, args=(FAULT_EXIT_CODE,)).start()
+        return MeasureResult.failed(
+            req.build, Status.CRASHED, "worker died from SIGKILL (exit code -9) (killed: "
+            "possibly the OOM killer); restarted", req.config,
+            toolchain_version=self.versions.get(req.target.toolchain, ""))
+
+    def run(self, req: MeasureRequest, call: int = 0) -> MeasureResult:
+        """Build then measure one candidate; every failure comes back as a result.
+
+        ``call`` is the farm's id of this call; it goes to the call journal once the call is
+        finished, so that a death right after it is not charged to it."""
         t0 = time.perf_counter()
         self._maybe_exit(req)
         try:
-            res = self._run(req)
+            res = self._maybe_killed(req) or self._run(req)
         except Exception as e:  # LocalRunner promises not to raise; a bug must not kill us
             res = MeasureResult.failed(
                 req.build, Status.RUNTIME_ERROR, f"runner error ({type(e).__name__}): {e}",
@@ -310,6 +473,8 @@ class RunnerActor:
             )
         self.busy_s += time.perf_counter() - t0
         self.calls += 1
+        self.journal.mark(call)
+        self._maybe_exit_after(req)
         return _detail(res, runner=self.spec.name, node=self.spec.node_id[:12])
 
     def _safe_device(self, target: Target) -> DeviceDescription | None:
@@ -624,6 +789,14 @@ class _Runner:
     next_probe: float = 0.0  # when to ping again (a restarting actor refuses calls)
     failures: int = 0
     results: int = 0  # results this runner returned (measured here, this farm's lifetime)
+    incarnation: str = ""  # the actor process the farm last heard from
+    # after a failure, until the restarted actor says which call it was executing: the calls
+    # it had not answered as (ref, work) (ref None: a dropped `crashed` result), and the error
+    held: list[tuple[Any, _Work]] = field(default_factory=list)
+    fault: str = ""
+    # `crashed` results it returned, by the ping sent after each: kept until the ping shows
+    # the same process alive (see `Farm._confirm`)
+    unconfirmed: dict[Any, tuple[MeasureResult, _Work]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -646,6 +819,23 @@ class _Work:
     errors: list = field(default_factory=list)
     runner: _Runner | None = None
     timed_out: bool = False
+    call: int = 0  # id of its latest actor call (ids grow per farm, so per runner too)
+    cut_short: bool = False  # its `crashed` result was followed by its runner's death
+
+
+def blame(calls: Sequence[int], finished: int | None) -> int | None:
+    """Which of a dead runner's unanswered ``calls`` (ids, oldest first) it was executing.
+
+    ``finished``: the last call the runner finished (its journal; None: unknown). An actor runs
+    its calls in order, so every call up to ``finished`` had finished (its reply died with the
+    process) and the first call after it was executing, or was next in line when the process
+    died between calls. Unknown: the oldest unanswered call, the best guess without a journal.
+    None when every call had finished: nobody is to blame.
+    """
+    for i, call in enumerate(calls):
+        if finished is None or call > finished:
+            return i
+    return None
 
 
 def _short(err: BaseException, limit: int = 300) -> str:
@@ -688,6 +878,7 @@ class Farm:
         self._runner_failures = 0
         self._wall = 0.0
         self._closed = False
+        self._call_ids = itertools.count(1)
 
     # --- construction ------------------------------------------------------------------
     @classmethod
@@ -772,6 +963,7 @@ class Farm:
             r = pending[ref]
             try:
                 r.info = ray.get(ref)
+                r.incarnation = r.info.incarnation
                 r.state = "healthy"
             except RayError as e:
                 r.state = "dead"
@@ -878,6 +1070,9 @@ class Farm:
         def queued() -> int:
             return sum(len(q) for q in queues.values())
 
+        def held() -> int:
+            return sum(len(r.held) + len(r.unconfirmed) for r in self._runners)
+
         def free_slots() -> int:
             return sum(self.depth - len(r.inflight) for r in self._runners
                        if r.state == "healthy")
@@ -917,7 +1112,8 @@ class Farm:
                     w = pick(r)
                     if w is None:
                         continue
-                    ref = r.actor.run.remote(w.req)
+                    w.call = next(self._call_ids)
+                    ref = r.actor.run.remote(w.req, w.call)
                     if not r.inflight:
                         r.head_since = time.monotonic()
                     r.inflight.append(ref)
@@ -959,6 +1155,12 @@ class Farm:
                 r.inflight.remove(ref)
             r.head_since = time.monotonic()
             r.results += 1
+            if res.status is Status.CRASHED and FARM_DETAIL not in dict(res.details):
+                try:  # its worker died: the candidate, or Ray killing the runner (_confirm)
+                    r.unconfirmed[r.actor.ping.remote()] = (res, w)
+                    return
+                except Exception:
+                    pass
             ready_out.append(res)
 
         def watchdog() -> None:
@@ -986,14 +1188,16 @@ class Farm:
                 while ready_out:
                     res = ready_out.popleft()
                     self._results += 1
-                    prog.inflight = len(inflight)
+                    prog.inflight = len(inflight) + held()
                     prog.result(res)
                     yield res
                     refill()
                     dispatch()
-                if exhausted and not inflight and not queued():
+                if exhausted and not inflight and not queued() and not held():
                     break
-                self._probe_tick()
+                self._probe_tick(queues, ready_out)
+                if ready_out:
+                    continue  # a runner retired: what it held was settled into results
                 if not inflight:
                     # queued work but nothing running: runners are restarting, or all gone
                     waiting = {k for k, q in queues.items() if q}
@@ -1008,7 +1212,8 @@ class Farm:
                         raise FarmError("no runner left")
                 probes = {r.probe: r for r in self._runners
                           if r.state == "probing" and r.probe is not None}
-                refs = list(inflight) + list(probes)
+                confirms = {ref: r for r in self._runners for ref in r.unconfirmed}
+                refs = list(inflight) + list(probes) + list(confirms)
                 if not refs:
                     if any(r.state == "probing" for r in self._runners):
                         time.sleep(0.05)  # a restarting runner is asked again shortly
@@ -1027,15 +1232,20 @@ class Farm:
                     done = list(dict.fromkeys(list(done) + list(more)))
                 for ref in done:
                     if ref in probes:
-                        self._probe_done(probes[ref])
+                        self._probe_done(probes[ref], queues, ready_out)
+                    elif ref in confirms:
+                        self._confirm(confirms[ref], ref, inflight, queues, ready_out)
                     elif ref in inflight:
                         on_result(ref)
                 watchdog()
-                prog.inflight = len(inflight)
+                prog.inflight = len(inflight) + held()
                 prog.render()
         finally:
             self._wall += time.perf_counter() - t0
             prog.inflight = 0
+            for r in self._runners:
+                r.held.clear()  # a measure() left early: its calls die with it
+                r.unconfirmed.clear()
 
     def _no_runner(self, req: MeasureRequest) -> MeasureResult:
         serving = sorted({tc for r in self._runners if r.state != "dead" and r.info
@@ -1059,46 +1269,38 @@ class Farm:
     def _runner_failed(self, r: _Runner, err: BaseException, inflight: dict[Any, _Work],
                        queues: dict[str, collections.deque[_Work]],
                        ready_out: collections.deque[MeasureResult]) -> None:
-        """Take back ``r``'s in-flight work, strike the call it was running, probe or retire."""
+        """Take back ``r``'s in-flight work and hold it until ``r`` says what it was running.
+
+        Results that made it out before the death are kept. The rest are not struck here: the
+        error every unanswered call gets is the same for the culprit and for a call that had
+        finished but lost its reply (module docstring), so they wait in ``r.held`` for the
+        restarted actor's ping (`_settle`). A runner whose node is gone is retired and its
+        calls re-queued at once, without a strike: the node, not a candidate, failed.
+        """
         self._runner_failures += 1
         r.failures += 1
         node_gone = isinstance(err, ActorUnschedulableError) or not self._node_alive(
             r.spec.node_id)
         refs = list(r.inflight)
         r.inflight.clear()
-        ready: set[Any] = set()
-        if refs:
-            got, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            ready = set(got)
-        lost: list[_Work] = []
+        lost: list[tuple[Any, _Work]] = []
         for ref in refs:
             w = inflight.pop(ref, None)
-            if w is None:
-                continue
-            if ref in ready:
-                try:
-                    ready_out.append(ray.get(ref))  # finished before the runner died
-                    continue
-                except RayError:
-                    pass
-            lost.append(w)
-        log.warning("farm: runner %s failed (%s); %d request(s) re-queued%s", r.name,
-                    _short(err, 160), len(lost), "; its node is gone" if node_gone else "")
-        back: list[_Work] = []
-        for i, w in enumerate(lost):
-            w.avoid.add(r.name)
-            w.runner = None
-            if i == 0 and not node_gone:
-                w.crashes += 1
-                w.errors.append(_short(err))
-                if w.crashes >= self.crash_limit:
-                    ready_out.append(self._crashed_result(w))
-                    continue
-            self._retried += 1
-            back.append(w)
-        for w in reversed(back):
-            queues[w.kind].appendleft(w)
+            if w is not None:
+                lost.append((ref, w))
+        lost = self._collect_finished(lost, ready_out)
+        for _res, w in r.unconfirmed.values():  # its worker died with it, not by the candidate
+            w.cut_short = True
+            lost.append((None, w))
+        r.unconfirmed.clear()
+        log.warning("farm: runner %s failed (%s); %d request(s) %s", r.name,
+                    _short(err, 160), len(lost),
+                    "re-queued; its node is gone" if node_gone
+                    else "held until it tells which one it was running")
+        r.held.extend(lost)
+        r.fault = _short(err)
         if node_gone:
+            self._settle(r, None, queues, ready_out, strike=False)
             r.state = "dead"
             with contextlib.suppress(Exception):
                 ray.kill(r.actor, no_restart=True)
@@ -1107,7 +1309,111 @@ class Farm:
         r.probe = None
         r.probe_since = r.next_probe = time.monotonic()
 
-    def _probe_tick(self) -> None:
+    @staticmethod
+    def _collect_finished(calls: list[tuple[Any, _Work]],
+                          ready_out: collections.deque[MeasureResult],
+                          ) -> list[tuple[Any, _Work]]:
+        """Move the results of calls that did come back to ``ready_out``; return the others."""
+        refs = [ref for ref, _ in calls if ref is not None]
+        if not refs:
+            return list(calls)
+        got, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready = set(got)
+        left: list[tuple[Any, _Work]] = []
+        for ref, w in calls:
+            if ref in ready:
+                try:
+                    ready_out.append(ray.get(ref))  # its reply made it out before the death
+                    continue
+                except RayError:
+                    pass
+            left.append((ref, w))
+        return left
+
+    def _settle(self, r: _Runner, finished: int | None,
+                queues: dict[str, collections.deque[_Work]],
+                ready_out: collections.deque[MeasureResult], *, strike: bool = True) -> None:
+        """Strike the call ``r`` was executing when it died and re-queue the rest of its calls.
+
+        ``finished``: the last call ``r`` finished (its journal, `RunnerPing`); calls run in
+        order, so the oldest held call after it is the one that was executing, or the next in
+        line if the process died between two calls (conservative: a candidate that kills the
+        actor while its request is being received must not be retried forever either). None:
+        unknown (the runner never came back), the oldest held call. ``strike=False``: nobody
+        (node lost, or the actor did not restart and only its connection failed).
+        """
+        held, r.held = r.held, []
+        # a last look: a reply that was already on its way when the failure was seen
+        held = sorted(self._collect_finished(held, ready_out), key=lambda h: h[1].call)
+        cut = [w.call for _, w in held if w.cut_short]
+        if cut and finished is not None:  # returned, but its worker was killed with the actor
+            finished = min(finished, min(cut) - 1)
+        culprit: _Work | None = None
+        if strike:
+            i = blame([w.call for _, w in held], finished)
+            culprit = None if i is None else held[i][1]
+        back: list[_Work] = []
+        for _, w in held:
+            w.runner = None
+            w.cut_short = False
+            if w is culprit:
+                w.avoid.add(r.name)
+                w.crashes += 1
+                w.errors.append(r.fault)
+                if w.crashes >= self.crash_limit:
+                    ready_out.append(self._crashed_result(w))
+                    continue
+            self._retried += 1
+            back.append(w)
+        for w in reversed(back):
+            queues[w.kind].appendleft(w)
+        if held:
+            who = "none" if culprit is None else (culprit.req.label or culprit.req.fingerprint)
+            why = ("its journal is unknown" if finished is None
+                   else f"the last call it finished: #{finished}")
+            log.warning("farm: runner %s: struck %s (%s); %d request(s) re-queued", r.name,
+                        who, why if strike else "no strike", len(back))
+
+    def _confirm(self, r: _Runner, ref: Any, inflight: dict[Any, _Work],
+                 queues: dict[str, collections.deque[_Work]],
+                 ready_out: collections.deque[MeasureResult]) -> None:
+        """Deliver a runner's ``crashed`` result once the same actor process answered after it.
+
+        Why: when Ray kills a runner actor (``ray.kill``, the watchdog, a restart) it kills the
+        actor's child processes first, the LocalRunner's worker among them, and the actor's
+        call, still running for tens of milliseconds, returns ``crashed: worker ... died from
+        SIGKILL`` before the process exits; that reply can reach the farm. Taken at its word
+        it is a ``crashed`` row for a candidate that did nothing, written to the cost table
+        for good. A worker the candidate really crashed leaves the actor alive, so the ping
+        sent after the result is answered by the same incarnation. If it is not, the result
+        is dropped and the call is counted with the runner's death as the one it was running
+        (`_settle`): one strike, as for any call a killed runner was running.
+        """
+        item = r.unconfirmed.pop(ref, None)
+        if item is None:
+            return  # already counted with a failure of the runner
+        err: BaseException | None = None
+        try:
+            pong = ray.get(ref)
+            if pong.incarnation != r.incarnation:
+                err = RuntimeError(f"runner {r.name} restarted right after a crashed result")
+        except RayError as e:
+            err = e
+        if err is None:
+            ready_out.append(item[0])
+            return
+        log.warning("farm: runner %s died right after returning crashed for %s; that result "
+                    "is not the candidate's", r.name, item[1].req.label or item[1].req.fingerprint)
+        r.unconfirmed[ref] = item
+        if r.state == "healthy":
+            self._runner_failed(r, err, inflight, queues, ready_out)  # folds it in
+        else:  # a failed runner has none left (folded at its failure); never lose one anyway
+            r.unconfirmed.pop(ref)
+            item[1].runner = None
+            queues[item[1].kind].appendleft(item[1])
+
+    def _probe_tick(self, queues: dict[str, collections.deque[_Work]],
+                    ready_out: collections.deque[MeasureResult]) -> None:
         """Ping runners that are restarting when due; retire those gone too long."""
         now = time.monotonic()
         for r in self._runners:
@@ -1120,27 +1426,36 @@ class Farm:
                             r.name, self.probe_timeout_s)
                 with contextlib.suppress(Exception):
                     ray.kill(r.actor, no_restart=True)
+                self._settle(r, None, queues, ready_out)
             elif r.probe is None and now >= r.next_probe:
                 try:
                     r.probe = r.actor.ping.remote()
                 except Exception as e:
                     r.state = "dead"
                     log.warning("farm: runner %s cannot be probed: %s", r.name, _short(e))
+                    self._settle(r, None, queues, ready_out)
 
-    def _probe_done(self, r: _Runner) -> None:
+    def _probe_done(self, r: _Runner, queues: dict[str, collections.deque[_Work]],
+                    ready_out: collections.deque[MeasureResult]) -> None:
         ref, r.probe = r.probe, None
         try:
-            ray.get(ref)
+            pong = ray.get(ref)
         except ActorUnavailableError:  # still restarting: ask again shortly
             r.next_probe = time.monotonic() + 0.2
             return
         except RayError as e:  # died for good: restarts used up, node gone, init failing
             r.state = "dead"
             log.warning("farm: runner %s is gone for good: %s", r.name, _short(e))
+            self._settle(r, None, queues, ready_out)
             return
+        # the same process answering: only the connection failed, nothing died, nobody struck
+        restarted = pong.incarnation != r.incarnation
+        r.incarnation = pong.incarnation
+        self._settle(r, pong.finished, queues, ready_out, strike=restarted)
         r.state = "healthy"
         r.head_since = time.monotonic()
-        log.info("farm: runner %s is back after a restart", r.name)
+        log.info("farm: runner %s is back%s", r.name,
+                 " after a restart" if restarted else " (it had not restarted)")
 
     def _crashed_result(self, w: _Work) -> MeasureResult:
         self._crashed += 1

@@ -200,6 +200,56 @@ def test_candidate_crashing_its_runner_twice_is_recorded_crashed(make_farm: Any,
     assert farm.alive_runners() == 2  # runners restarted; the campaign went on
 
 
+def test_call_whose_reply_died_with_its_runner_is_not_struck(make_farm: Any) -> None:
+    """A call that finished is never charged with its runner's death, even if its reply is lost.
+
+    The race behind the flaky crash test, made deterministic: ``farm_exit_after`` makes the
+    runner actor exit right after it finished the call, before the reply leaves (first
+    incarnation only). The farm sees the call fail with the same error as a call that killed
+    the runner; it used to strike it, send it to the other runner (dying the same way) and
+    record it ``crashed`` after two strikes. The restarted runner's call journal says the call
+    had finished, so it is re-queued without a strike and measured by a restarted runner.
+    """
+    farm = make_farm(toolchains=["null"])
+    cands = candidates("mnist", target=null_target(farm_exit_after=":conv1/relu"))
+    reqs = [q for q in requests_for(cands) if q.label.endswith(":conv1/relu")]
+    assert len(reqs) == 1
+    results = list(farm.measure(reqs))
+    assert [(r.fingerprint, r.status) for r in results] == [(reqs[0].fingerprint, Status.OK)]
+    st = farm.stats()
+    assert 1 <= st.runner_failures <= 2 and st.crashed == 0
+    assert farm.alive_runners() == 2
+
+
+def test_crashed_reply_of_a_runner_being_killed_is_not_a_crashed_row(make_farm: Any,
+                                                                     tmp_path: Path) -> None:
+    """``ray.kill`` kills a runner's worker before the runner: its call says ``crashed``.
+
+    The race behind the flaky kill test, made deterministic: ``farm_killed_on`` answers
+    ``crashed`` (as the call whose worker Ray killed first does) and the actor then exits
+    without answering anything else, as a killed actor does. The farm used to write that
+    ``crashed`` row for an innocent candidate; now the result waits for a ping from the same
+    actor process, which never comes, so the call counts as the one the killed runner was
+    running (one strike) and is measured after the restart. One runner, so the restarted one
+    (which no longer fires) measures it.
+    """
+    from estimators.measured import FarmEstimator
+
+    farm = make_farm(toolchains=["null"], max_runners=1)
+    cands = [c for c in candidates("mnist", target=null_target(farm_killed_on=":conv1/relu"))
+             if c.label().endswith(":conv1/relu")]
+    assert len(cands) == 1
+    table = tmp_path / "costs"
+    est = FarmEstimator(farm, table, campaign_id="killed", model="mnist", close_farm=False,
+                        measure_config=FAST)
+    costs = est.estimate(cands)
+    est.close()
+    assert costs[0].is_known
+    assert [r.status for r in table_rows(table)] == ["ok"]  # no crashed row, ever
+    st = farm.stats()
+    assert st.runner_failures == 1 and st.crashed == 0 and st.retried == 1
+
+
 KILL9_SCRIPT = textwrap.dedent("""
     import sys, logging
     sys.path.insert(0, {repo!r})
