@@ -117,6 +117,9 @@ def main() -> int:
     ap.add_argument("--refine-trials", type=int, default=4)
     ap.add_argument("--refine-time", type=float, default=60.0)
     ap.add_argument("--verify-rounds", type=int, default=7)
+    ap.add_argument("--num-cpus", type=int, default=None,
+                    help="CPU measurement slots of the embedded Ray (default: every core); 1 "
+                    "serialises measurements, so no two share the cache while timed")
     ap.add_argument("--confirm-rounds", type=int, default=3,
                     help="confirmation rounds after the search (tune --confirm-rounds)")
     ap.add_argument("--cost-table", default=os.path.join(tempfile.gettempdir(),
@@ -149,7 +152,8 @@ def main() -> int:
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    farm = Farm.start(toolchains=sorted({t.toolchain for t in targets}), progress=False)
+    farm = Farm.start(toolchains=sorted({t.toolchain for t in targets}), progress=False,
+                      num_cpus=args.num_cpus)
     rows = []
     work = Path(tempfile.mkdtemp(prefix="collage-bench-"))
     try:
@@ -209,7 +213,7 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
         f"refinement <= {args.refine_trials} measured trials / {args.refine_time:.0f} s, and one "
         f"interleaved run of {args.verify_rounds} rounds (>= 50 ms each) of every plan and "
         f"single toolchain; 1 thread per session; candidates timed in `{args.measure_mode}` "
-        "mode",
+        f"mode on {args.num_cpus or os.cpu_count()} measurement slot(s)",
         "- sizes reduced to fit ~15 min on 2 cores: " + ", ".join(
             _describe_case(c) for c in CASES + packaged_cases(verbose=False)),
         f"- total wall {wall:.0f} s for {len(rows)} of {n_cases or len(CASES)} models", "",

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,15 @@ from runners.base import CANDIDATE_MODE, BuildInput, MeasureConfig, MeasureResul
 
 #: details key of a cost-table row written by `FarmEstimator.remeasure`
 CONFIRM_DETAIL = "confirmation"
+#: a re-measurement whose round medians vary more than this (coefficient of variation) is used
+#: but not marked as a confirmation, so a later campaign measures it again: on this 2-core VM,
+#: re-measurements taken while other jobs loaded it had cv 0.14-0.80 and ran 1.5-3x slow
+CONFIRM_MAX_CV = 0.10
+
+
+def _steady(res: MeasureResult) -> bool:
+    cv = res.summary.cv if res.summary is not None else math.nan
+    return math.isfinite(cv) and cv <= CONFIRM_MAX_CV
 
 if TYPE_CHECKING:
     from collage_farm.costtable import CostTable, CostTableWriter
@@ -158,7 +168,8 @@ class FarmEstimator(CostEstimator):
         """Measure ``candidates`` again on the farm (see `CostEstimator.remeasure`).
 
         The fresh rows are written to the table too (lookups prefer the newest ok row, so a
-        later campaign reuses them). Counted in ``measured``, not ``requested``.
+        later campaign reuses them), marked as confirmations when steady (round-median cv <=
+        `CONFIRM_MAX_CV`). Counted in ``measured``, not ``requested``.
         """
         first: dict[str, CandidatePartition] = {}
         for c in candidates:
@@ -169,8 +180,9 @@ class FarmEstimator(CostEstimator):
             if c is None:
                 log.warning("farm estimator: unexpected result for %s", res.fingerprint)
                 continue
-            self._record(c, res, confirmation=True)
-            if res.status is Status.OK:
+            steady = res.status is Status.OK and _steady(res)
+            self._record(c, res, confirmation=steady)
+            if steady:
                 self._confirmed.add(c.fingerprint)
         for fp, before in old.items():
             now = self._memo.get(fp)
