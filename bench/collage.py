@@ -278,6 +278,23 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
     lines += [f"- {s['label']}: {s.get('never_worse') or s.get('error')} "
               f"(campaign {s.get('campaign_s', 0):.0f} s, {s.get('measured', 0)} measured, "
               f"{s.get('cache_hits', 0)} cache hits)" for s in rows]
+    conf_rows = [s for s in rows if isinstance(s.get("confirm"), dict)]
+    if conf_rows:
+        lines += ["", "## Confirmation (the chosen path re-measured, search again)", ""]
+        for s in conf_rows:
+            c = s["confirm"]
+            if "skipped" in c:
+                lines.append(f"- {s['label']}: skipped: {c['skipped']}")
+                continue
+            ratio = c.get("median_after_over_before")
+            lines.append(
+                f"- {s['label']}: {c['remeasured']} re-measured, {c['already_confirmed']} "
+                f"already confirmed, {c['stopped_by']}, path "
+                f"{'changed' if c['path_changed'] else 'kept'}; estimate "
+                f"{_ms(s.get('first_search_estimated_s'))} -> "
+                f"{_ms(s.get('dijkstra_estimated_s'))} ms"
+                + (f"; median fresh/first {ratio:.3f}" if ratio else "")
+                + f" ({c['wall_s']:.1f} s)")
     cut_rows = [(s["label"], s["cut_costs"]) for s in rows if s.get("cut_costs")]
     if cut_rows:
         lines += ["", "## Measured cut costs (us per cut into a partition on the target)", ""]
