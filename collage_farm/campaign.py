@@ -269,7 +269,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     try:
         lazy = bool(opts.prune and est.has_lower_bound)
         result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
-        first_estimate_s = result.total_s
+        first_estimate_s, first_search_s = result.total_s, result.search_s
         measured = est.label == "farm"  # costs measured on runners, not mock/table/analytic
         confirm_info: dict | None = None
         if measured and opts.confirm_rounds > 0:
@@ -329,7 +329,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "failed_by_status": dict(getattr(stats, "failed_by_status", {}) or {}),
         "load_s": t_loaded - t_start,
         "phase2_s": t_cands - t_loaded,
-        "search_s": result.search_s,
+        "search_s": first_search_s + (confirm_info or {}).get("search_s", 0.0),
         "wall_s": t_end - t_start,
         "plan": str(Path(opts.out) / "plan.json"),
     }
@@ -389,6 +389,7 @@ def confirm(graph: DataflowGraph, candidates: Sequence[CandidatePartition],
     entries: list[dict] = []
     stopped = "rounds"
     first_path = [p.candidate.fingerprint for p in result.partitions]
+    search_s = 0.0  # the re-searches
     for _ in range(rounds):
         todo: dict[str, CandidatePartition] = {}
         for c in [p.candidate for p in result.partitions] + wholes:
@@ -412,6 +413,7 @@ def confirm(graph: DataflowGraph, candidates: Sequence[CandidatePartition],
             entries.append({"candidate": c.label(), "before_s": b.seconds,
                             "after_s": a.seconds if a.is_known else None})
         result = search_(graph, candidates, est, transition, lazy=lazy)
+        search_s += result.search_s
     else:
         if all(p.candidate.fingerprint in done
                or p.candidate.target.toolchain in SIMULATED_TOOLCHAINS
@@ -426,6 +428,7 @@ def confirm(graph: DataflowGraph, candidates: Sequence[CandidatePartition],
         "path_changed": [p.candidate.fingerprint for p in result.partitions] != first_path,
         "median_after_over_before": float(np.median(ratios)) if ratios else None,
         "wall_s": time.perf_counter() - t0,
+        "search_s": search_s,
         "log": entries,
     }
 
