@@ -372,13 +372,13 @@ def confirm(graph: DataflowGraph, candidates: Sequence[CandidatePartition],
     round re-measures, in one farm batch, the path's candidates not yet re-measured and each
     target's whole model (so the path and the single toolchains are priced at the same time,
     on the same drift). A cost that already is a re-measurement (`is_confirmed`: here, or in
-    an earlier campaign's table row) is not measured again, so a re-run on a full table
-    measures nothing. Stops when a path is made only of re-measured candidates ("stable"),
-    or after ``rounds``. Simulated candidates (Vela's estimate) are deterministic: left alone.
-    The info dict logs every re-measured candidate (before / after).
+    an earlier campaign's table row) is not measured again, so a re-run measures only what
+    an earlier run left unconfirmed (out of rounds, or a re-measurement too noisy to count).
+    Stops when a path is made only of re-measured candidates ("stable"), or after ``rounds``.
+    Simulated candidates (Vela's estimate) are deterministic: left alone. The info dict logs
+    every re-measured candidate (before / after).
     """
     from collage_farm.executor import SIMULATED_TOOLCHAINS
-    from collage_farm.search import search as search_
     from collage_farm.subgraph import SubGraph
 
     t0 = time.perf_counter()
@@ -412,7 +412,7 @@ def confirm(graph: DataflowGraph, candidates: Sequence[CandidatePartition],
         for (c, b), a in zip(live, after):
             entries.append({"candidate": c.label(), "before_s": b.seconds,
                             "after_s": a.seconds if a.is_known else None})
-        result = search_(graph, candidates, est, transition, lazy=lazy)
+        result = search(graph, candidates, est, transition, lazy=lazy)
         search_s += result.search_s
     else:
         if all(p.candidate.fingerprint in done

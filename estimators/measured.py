@@ -48,18 +48,20 @@ from runners.base import CANDIDATE_MODE, BuildInput, MeasureConfig, MeasureResul
 #: details key of a cost-table row written by `FarmEstimator.remeasure`
 CONFIRM_DETAIL = "confirmation"
 #: a re-measurement whose round medians vary more than this (coefficient of variation) is used
-#: but not marked as a confirmation, so a later campaign measures it again: on this 2-core VM,
-#: re-measurements taken while other jobs loaded it had cv 0.14-0.80 and ran 1.5-3x slow
+#: but not marked as a confirmation, so a later campaign measures it again. On this 2-core VM,
+#: 11 of 12 whole-model re-measurements taken while a CPU hog loaded it had cv 0.14-0.80 (and
+#: ran up to 2.9x slow); one had cv 0.086 and still ran 2.7x slow: a guard, not a guarantee
 CONFIRM_MAX_CV = 0.10
-
-
-def _steady(res: MeasureResult) -> bool:
-    cv = res.summary.cv if res.summary is not None else math.nan
-    return math.isfinite(cv) and cv <= CONFIRM_MAX_CV
 
 if TYPE_CHECKING:
     from collage_farm.costtable import CostTable, CostTableWriter
     from collage_farm.farm import Farm, MeasureRequest
+
+
+def _steady(res: MeasureResult) -> bool:
+    """Round medians within `CONFIRM_MAX_CV` (no summary: not known to be steady)."""
+    cv = res.summary.cv if res.summary is not None else math.nan
+    return math.isfinite(cv) and cv <= CONFIRM_MAX_CV
 
 log = logging.getLogger(__name__)
 
@@ -175,15 +177,7 @@ class FarmEstimator(CostEstimator):
         for c in candidates:
             first.setdefault(c.fingerprint, c)
         old = {fp: self._memo.get(fp) for fp in first}
-        for res in self.farm.measure(self._requests(first)):
-            c = first.get(res.fingerprint)
-            if c is None:
-                log.warning("farm estimator: unexpected result for %s", res.fingerprint)
-                continue
-            steady = res.status is Status.OK and _steady(res)
-            self._record(c, res, confirmation=steady)
-            if steady:
-                self._confirmed.add(c.fingerprint)
+        self._measure(first, confirmation=True)
         for fp, before in old.items():
             now = self._memo.get(fp)
             if before is not None and before.is_known and (now is None or not now.is_known):
@@ -267,14 +261,23 @@ class FarmEstimator(CostEstimator):
             return
         log.debug("farm estimator: %d distinct, %d from the table, %d to measure",
                   len(cands), len(cands) - len(missing), len(missing))
-        for res in self.farm.measure(self._requests(missing)):
-            c = missing.get(res.fingerprint)
+        self._measure(missing)
+        for fp in missing:  # requests the generator could not build (extraction failed)
+            self._memo.setdefault(fp, Cost.invalid())
+
+    def _measure(self, cands: Mapping[str, CandidatePartition], *,
+                 confirmation: bool = False) -> None:
+        """Measure ``cands`` on the farm, recording each result as it arrives; with
+        ``confirmation``, steady results are marked as re-measurements (`remeasure`)."""
+        for res in self.farm.measure(self._requests(cands)):
+            c = cands.get(res.fingerprint)
             if c is None:  # not ours (cannot happen unless a runner mislabels a result)
                 log.warning("farm estimator: unexpected result for %s", res.fingerprint)
                 continue
-            self._record(c, res)
-        for fp in missing:  # requests the generator could not build (extraction failed)
-            self._memo.setdefault(fp, Cost.invalid())
+            steady = confirmation and res.status is Status.OK and _steady(res)
+            self._record(c, res, confirmation=steady)
+            if steady:
+                self._confirmed.add(c.fingerprint)
 
     def _requests(self, missing: Mapping[str, CandidatePartition]) -> Iterator[MeasureRequest]:
         from collage_farm.farm import MeasureRequest

@@ -74,6 +74,18 @@ def table_rows(path: Path) -> list[Any]:
 # ------------------------------------------------------------------------------------------
 
 
+def estimate_once(farm: Any, table: Path, cands: list[CandidatePartition], campaign_id: str,
+                  model: str) -> tuple[Any, list[Any]]:
+    """One campaign's costs for ``cands`` through a `FarmEstimator` that is closed after."""
+    from estimators.measured import FarmEstimator
+
+    est = FarmEstimator(farm, table, campaign_id=campaign_id, model=model, close_farm=False,
+                        measure_config=FAST)
+    costs = est.estimate(cands)
+    est.close()
+    return est, costs
+
+
 def test_measure_batch_null_and_ort(make_farm: Any) -> None:
     farm = make_farm()
     assert len(farm.runners) == 2
@@ -109,10 +121,7 @@ def test_dedupe_and_table_first(make_farm: Any, tmp_path: Path) -> None:
     distinct = {c.fingerprint for c in cands}
     assert len(distinct) < len(cands)
     table = tmp_path / "costs"
-    est = FarmEstimator(farm, table, campaign_id="one", model="resnet18", close_farm=False,
-                        measure_config=FAST)
-    costs = est.estimate(cands)
-    est.close()
+    est, costs = estimate_once(farm, table, cands, "one", "resnet18")
     st = est.stats()
     assert st.requested == len(cands) and st.distinct == len(distinct)
     assert st.measured == len(distinct) and st.cache_hits == 0 and st.failed == 0
@@ -173,7 +182,6 @@ def test_runner_killed_mid_campaign(make_farm: Any, tmp_path: Path) -> None:
 
 def test_candidate_crashing_its_runner_twice_is_recorded_crashed(make_farm: Any,
                                                                  tmp_path: Path) -> None:
-    from estimators.measured import FarmEstimator
 
     farm = make_farm(toolchains=["null"])
     # the runner *actor process* exits whenever it is handed this one candidate
@@ -181,10 +189,7 @@ def test_candidate_crashing_its_runner_twice_is_recorded_crashed(make_farm: Any,
     culprits = {c.fingerprint for c in cands if c.label().endswith(":conv2/relu")}
     assert len(culprits) == 1
     table = tmp_path / "costs"
-    est = FarmEstimator(farm, table, campaign_id="crash", model="mnist", close_farm=False,
-                        measure_config=FAST)
-    costs = est.estimate(cands)
-    est.close()
+    est, costs = estimate_once(farm, table, cands, "crash", "mnist")
     for c, cost in zip(cands, costs):
         if c.fingerprint in culprits:
             assert cost.is_invalid
@@ -233,17 +238,13 @@ def test_crashed_reply_of_a_runner_being_killed_is_not_a_crashed_row(make_farm: 
     running (one strike) and is measured after the restart. One runner, so the restarted one
     (which no longer fires) measures it.
     """
-    from estimators.measured import FarmEstimator
 
     farm = make_farm(toolchains=["null"], max_runners=1)
     cands = [c for c in candidates("mnist", target=null_target(farm_killed_on=":conv1/relu"))
              if c.label().endswith(":conv1/relu")]
     assert len(cands) == 1
     table = tmp_path / "costs"
-    est = FarmEstimator(farm, table, campaign_id="killed", model="mnist", close_farm=False,
-                        measure_config=FAST)
-    costs = est.estimate(cands)
-    est.close()
+    _, costs = estimate_once(farm, table, cands, "killed", "mnist")
     assert costs[0].is_known
     assert [r.status for r in table_rows(table)] == ["ok"]  # no crashed row, ever
     st = farm.stats()
@@ -275,7 +276,6 @@ def kill9_candidates() -> list[CandidatePartition]:
 
 def test_kill9_then_resume_measures_nothing_twice(ray_cluster: Any, make_farm: Any,
                                                   tmp_path: Path) -> None:
-    from estimators.measured import FarmEstimator
 
     table = tmp_path / "costs"
     script = tmp_path / "campaign.py"
@@ -305,10 +305,7 @@ def test_kill9_then_resume_measures_nothing_twice(ray_cluster: Any, make_farm: A
     assert 6 <= len(before) < len(distinct)  # stopped part-way; what it flushed is there
 
     farm = make_farm(toolchains=["null"])
-    est = FarmEstimator(farm, table, campaign_id="resumed", model="random_dag",
-                        close_farm=False, measure_config=FAST)
-    costs = est.estimate(cands)
-    est.close()
+    est, costs = estimate_once(farm, table, cands, "resumed", "random_dag")
     assert all(c.is_known for c in costs)
     st = est.stats()
     assert st.cache_hits == len({r.fingerprint for r in before})

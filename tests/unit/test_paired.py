@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -67,7 +68,7 @@ def test_noisy_ratios_widen_the_threshold() -> None:
     b = [1e-3] * 5
     a = [0.80e-3, 1.05e-3, 0.85e-3, 1.10e-3, 0.90e-3]  # median 0.9, but all over the place
     p = paired(_summary(a), _summary(b), a, b)
-    sd = float(__import__("numpy").std([math.log(x / 1e-3) for x in a], ddof=1))
+    sd = float(np.std([math.log(x / 1e-3) for x in a], ddof=1))
     assert p.threshold == pytest.approx(2.5 * 1.2533 * sd / math.sqrt(5))
     assert p.threshold > 0.1 and not p.a_faster
 
