@@ -21,8 +21,18 @@ across campaigns. Target option ``fp16`` sets ``trt_fp16_enable``. A session in 
 requested EP is not active (libraries missing: ORT then silently falls back) is a build failure,
 not a CUDA or CPU measurement filed under the wrong toolchain.
 
-`available()` says why not when the installed onnxruntime lacks the EP or no GPU is visible
-(the driver is asked through ``libcuda`` with ctypes; nothing heavy is imported). Capabilities
+Libraries: onnxruntime-gpu 1.31 is built for CUDA 13 and cuDNN 9, and its TensorRT EP for
+TensorRT 10 (``libnvinfer.so.10``; TensorRT 11 does not load). pip's ``nvidia-*`` wheels are not
+on the loader's path, so before the first session each process calls
+``onnxruntime.preload_dlls()`` once (it loads CUDA and cuDNN from the ``nvidia`` site packages
+beside onnxruntime, else from the default paths) and, for TensorRT, loads the ``libnvinfer``
+soname that the installed EP names from the ``tensorrt_libs`` package when it is there. Without
+this, ORT silently falls back to the CPU EP and every "CUDA" cost would be a CPU cost.
+
+`available()` says why not when the installed onnxruntime lacks the EP, no GPU is visible (the
+driver is asked through ``libcuda`` with ctypes), or, for TensorRT, the ``libnvinfer`` the EP
+was built against cannot be loaded (named with its version, since TensorRT 11 is what a plain
+``pip install tensorrt`` gets). Capabilities
 approximate the CUDA EP by ORT's CPU kernel table (ORT places nodes the GPU EPs lack on the
 CPU EP, so such sub-graphs still build) with fp16 accepted; the runner's worker pins one GPU
 with ``CUDA_VISIBLE_DEVICES``, so inside it the device id is 0.
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,9 +52,99 @@ from runners.cpu import ORT_CPU_KERNELS, OnnxOpTableCapabilities, OrtCpuToolchai
 if TYPE_CHECKING:
     from collage_farm.target import Target
 
-__all__ = ["OrtCudaToolchain", "OrtTensorRTToolchain", "cuda_devices", "trt_cache_dir"]
+__all__ = ["OrtCudaToolchain", "OrtTensorRTToolchain", "cuda_devices", "load_tensorrt",
+           "preload_cuda", "provider_needs", "trt_cache_dir"]
 
 _INSTALL_HINT = "pip uninstall -y onnxruntime && pip install -e .[cuda]"
+_preloaded: dict[str, str | None] = {}
+
+
+def preload_cuda() -> str | None:
+    """Load CUDA and cuDNN for the CUDA EP once per process; what it printed on failure, or None.
+
+    ``onnxruntime.preload_dlls`` prints (it does not raise) what it could not load, so its output
+    is captured and kept as the explanation for a session whose CUDA EP is then not active.
+    """
+    if "cuda" not in _preloaded:
+        import contextlib
+        import io
+
+        import onnxruntime as ort
+
+        out = io.StringIO()
+        fn = getattr(ort, "preload_dlls", None)
+        try:
+            if fn is not None:
+                with contextlib.redirect_stdout(out):
+                    fn()
+        except Exception as e:  # a bad directory is reported, not fatal
+            out.write(f"preload_dlls failed: {type(e).__name__}: {e}")
+        text = out.getvalue().strip()
+        _preloaded["cuda"] = text if "fail" in text.lower() else None
+    return _preloaded["cuda"]
+
+
+def provider_needs(library: str | Path, stem: str) -> list[str]:
+    """Sonames starting with ``stem`` that a shared library names (its dynamic string table).
+
+    A byte scan, not an ELF parser: sonames are plain NUL-terminated strings in ``.dynstr``, and
+    this only has to tell ``libnvinfer.so.10`` from ``libnvinfer.so.11``.
+    """
+    try:
+        data = Path(library).read_bytes()
+    except OSError:
+        return []
+    pat = re.escape(stem.encode()) + rb"\.so\.[0-9]+"
+    return sorted({m.decode() for m in re.findall(pat, data)})
+
+
+def _ort_capi_dir() -> Path | None:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    return Path(ort.__file__).parent / "capi"
+
+
+def load_tensorrt() -> str | None:
+    """Load the ``libnvinfer`` (and ONNX parser) the installed TensorRT EP needs; why not, or None.
+
+    Looks in the ``tensorrt_libs`` package (pip's ``tensorrt-cu13-libs``) first, then the default
+    loader path (``LD_LIBRARY_PATH``, ldconfig). Loaded ``RTLD_GLOBAL`` so the EP's own
+    ``dlopen`` finds them.
+    """
+    if "trt" in _preloaded:
+        return _preloaded["trt"]
+    capi = _ort_capi_dir()
+    ep = capi / "libonnxruntime_providers_tensorrt.so" if capi is not None else None
+    needed = (provider_needs(ep, "libnvinfer") + provider_needs(ep, "libnvonnxparser")
+              if ep is not None and ep.exists() else [])
+    if not needed:
+        needed = ["libnvinfer.so.10", "libnvonnxparser.so.10"]
+    dirs: list[Path] = []
+    try:
+        import tensorrt_libs  # type: ignore[import-not-found]
+
+        dirs.append(Path(tensorrt_libs.__file__).parent)
+    except ImportError:
+        pass
+    why: list[str] = []
+    for name in needed:
+        errors = []
+        for cand in [*(str(d / name) for d in dirs), name]:
+            try:
+                ctypes.CDLL(cand, mode=ctypes.RTLD_GLOBAL)
+                break
+            except OSError as e:
+                errors.append(str(e))
+        else:
+            why.append(f"{name}: {errors[-1]}")
+    major = needed[0].rsplit(".", 1)[-1]
+    _preloaded["trt"] = (
+        f"the installed TensorRT EP needs {', '.join(needed)} (TensorRT {major}.x for CUDA 13) "
+        f"and cannot load it ({'; '.join(why)}); pip install tensorrt-cu13-libs=={major}.* "
+        f"or put TensorRT {major} on LD_LIBRARY_PATH" if why else None)
+    return _preloaded["trt"]
 
 
 def _libcuda() -> Any:
@@ -119,6 +220,11 @@ class OrtCudaToolchain(OrtCpuToolchain):
         devs = cuda_devices()
         if isinstance(devs, str):
             return devs
+        return self._libraries()
+
+    def _libraries(self) -> str | None:
+        """Load the EP's libraries; why not, or None (CUDA's own failures show at build)."""
+        preload_cuda()
         return None
 
     def device_description(self, target: Target) -> DeviceDescription:
@@ -138,12 +244,15 @@ class OrtCudaToolchain(OrtCpuToolchain):
         return [("CUDAExecutionProvider", self._cuda_options(target)), "CPUExecutionProvider"]
 
     def _compile(self, onnx_bytes: bytes, target: Target, threads: int) -> Any:
+        why = self._libraries()
+        if why:
+            raise RuntimeError(why)
         sess = super()._compile(onnx_bytes, target, threads)
         active = sess.get_providers()
         if self.providers[0] not in active:
+            hint = preload_cuda() or "missing CUDA 13 / cuDNN 9 libraries?"
             raise RuntimeError(
-                f"{self.providers[0]} is not active in the session (active: {active}); "
-                f"missing CUDA/cuDNN/TensorRT libraries?")
+                f"{self.providers[0]} is not active in the session (active: {active}); {hint}")
         return sess
 
     def _bind_device(self) -> tuple[str, int]:
@@ -155,6 +264,10 @@ class OrtTensorRTToolchain(OrtCudaToolchain):
 
     name = "ort-tensorrt"
     providers = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+    def _libraries(self) -> str | None:
+        preload_cuda()
+        return load_tensorrt()
 
     def _provider_list(self, target: Target) -> list[Any]:
         cache = trt_cache_dir(target)
