@@ -128,6 +128,8 @@ def main() -> int:
     ap.add_argument("--measure-mode", default=CANDIDATE_MODE,
                     help=f"candidates' measurement mode (default {CANDIDATE_MODE})")
     ap.add_argument("--tag", default="", help="results file suffix: collage-<host><tag>.md")
+    ap.add_argument("--progress", action="store_true",
+                    help="log the farm's progress (done/total/eta) while campaigns run")
     ap.add_argument("--list", action="store_true",
                     help="print the cases this machine would run (after --only) and exit")
     args = ap.parse_args()
@@ -152,7 +154,11 @@ def main() -> int:
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    farm = Farm.start(toolchains=sorted({t.toolchain for t in targets}), progress=False,
+    if args.progress:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    farm = Farm.start(toolchains=sorted({t.toolchain for t in targets}), progress=args.progress,
                       num_cpus=args.num_cpus)
     rows = []
     work = Path(tempfile.mkdtemp(prefix="collage-bench-"))

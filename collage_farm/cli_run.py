@@ -67,7 +67,12 @@ def _ms(x: float | None) -> str:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from collage_farm.executor import ExecutionMismatch, PlanExecutor, compare_interleaved
+    from collage_farm.executor import (
+        ExecutionMismatch,
+        PlanExecutor,
+        compare_interleaved,
+        tolerance_label,
+    )
     from collage_farm.graph import parse_shape
 
     shapes = dict(parse_shape(s) for s in args.shape)
@@ -87,8 +92,7 @@ def run_run(args: argparse.Namespace) -> int:
         "model": ex.plan.model,
         "estimator": ex.plan.estimator,
         "check": {"ok": True, "max_abs_error": errors,
-                  "tolerance": "int8 (rtol=0.1, atol=0.1*max|ref|)" if ex.quantised
-                  else "fp32 (rtol=1e-3, atol=1e-4)"},
+                  "tolerance": tolerance_label(ex.precision)},
         "plan_measured_s": cmp.plan.total_s,
         "measured_part_s": cmp.plan.summary.median,
         "simulated_part_s": cmp.plan.simulated_s,

@@ -375,7 +375,7 @@ class PlanBuilder:
             want = [n for n in self.graph.graph_outputs if n in names] or names
             vals = sess.run(want, {i.name: feeds[i.name] for i in sess.get_inputs()})
             self._reference = dict(zip(want, vals))
-        return compare_outputs(ex.run(feeds), self._reference, quantised=ex.quantised)
+        return compare_outputs(ex.run(feeds), self._reference, precision=ex.precision)
 
 
 # ----------------------------------------------------------------------------------------

@@ -17,7 +17,11 @@ TensorRT: the TensorRT EP goes first, with the CUDA EP as fallback for nodes Ten
 (``trt_engine_cache_enable``/``trt_engine_cache_path``, plus the timing cache) under target
 option ``engine_cache_dir``, else ``$COLLAGE_TRT_CACHE``, else ``~/.cache/collage-farm/trt``:
 engine builds take seconds to minutes and the same fingerprint is measured again and again
-across campaigns. Target option ``fp16`` sets ``trt_fp16_enable``. A session in which the
+across campaigns. Target option ``fp16`` sets ``trt_fp16_enable``. Target option ``tf32``
+(default true, ORT's own default) sets the CUDA EP's ``use_tf32``: on Ampere and later, fp32
+convolutions and matrix products then multiply with a 10-bit mantissa, which is faster and is
+what users of the EP get; ``tf32: false`` measures strict fp32. `precision` says which, and
+the plan check (`collage_farm.executor.PRECISIONS`) tolerates it. A session in which the
 requested EP is not active (libraries missing: ORT then silently falls back) is a build failure,
 not a CUDA or CPU measurement filed under the wrong toolchain.
 
@@ -235,10 +239,15 @@ class OrtCudaToolchain(OrtCpuToolchain):
         return DeviceDescription("cuda", d["name"], driver=d["driver"],
                                  config=f"visible={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 
+    def precision(self, target: Target) -> str:
+        """The arithmetic this target runs fp32 graphs with (the plan check's tolerance)."""
+        return "tf32" if option_bool(target, "tf32", True) else "fp32"
+
     def _cuda_options(self, target: Target) -> dict[str, Any]:
         return {"device_id": self.device_id,
                 "cudnn_conv_algo_search": str(target.option("cudnn_conv_algo_search",
-                                                            "EXHAUSTIVE"))}
+                                                            "EXHAUSTIVE")),
+                "use_tf32": int(option_bool(target, "tf32", True))}
 
     def _provider_list(self, target: Target) -> list[Any]:
         return [("CUDAExecutionProvider", self._cuda_options(target)), "CPUExecutionProvider"]
@@ -268,6 +277,10 @@ class OrtTensorRTToolchain(OrtCudaToolchain):
     def _libraries(self) -> str | None:
         preload_cuda()
         return load_tensorrt()
+
+    def precision(self, target: Target) -> str:
+        # TensorRT builds fp32 layers with TF32 allowed (its builder default); fp16 when asked
+        return "fp16" if option_bool(target, "fp16", False) else "tf32"
 
     def _provider_list(self, target: Target) -> list[Any]:
         cache = trt_cache_dir(target)

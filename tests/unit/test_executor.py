@@ -124,6 +124,50 @@ def test_compare_outputs_tolerances() -> None:
         compare_outputs({"y": ref["y"][:2]}, ref)
 
 
+def test_tf32_tolerance_accepts_what_an_h100_gave_and_still_catches_wiring() -> None:
+    """resnet18's logits on ORT CUDA (TF32) vs ORT CPU, measured on an H100: 1.1e-3 absolute,
+    10.6% relative on a near-zero logit. fp32's tolerance rejects that; tf32's must accept it,
+    and must still reject a swapped pair of outputs (the error a wiring bug makes)."""
+    rng = np.random.default_rng(0)
+    ref = {"y": rng.standard_normal(1000).astype(np.float32) * 0.3}
+    ref["y"][7] = 0.0107
+    got = {"y": ref["y"] + rng.uniform(-1.1e-3, 1.1e-3, 1000).astype(np.float32)}
+    with pytest.raises(ExecutionMismatch, match="fp32 tolerance"):
+        compare_outputs(got, ref)
+    compare_outputs(got, ref, precision="tf32")
+    swapped = {"y": got["y"].copy()}
+    hi, lo = int(np.argmax(ref["y"])), int(np.argmin(ref["y"]))
+    swapped["y"][[hi, lo]] = swapped["y"][[lo, hi]]
+    with pytest.raises(ExecutionMismatch, match="tf32 tolerance"):
+        compare_outputs(swapped, ref, precision="tf32")
+    with pytest.raises(ExecutionMismatch):
+        compare_outputs({"y": ref["y"][::-1].copy()}, ref, precision="fp16")
+
+
+def test_loosest_precision_orders_fp32_tf32_fp16_int8() -> None:
+    from collage_farm.executor import loosest, tolerance_label
+
+    assert loosest([]) == "fp32"
+    assert loosest(["fp32", "tf32"]) == "tf32"
+    assert loosest(["tf32", "int8", "fp16"]) == "int8"
+    assert loosest(["fp32", "fp16"]) == "fp16"
+    assert tolerance_label("tf32") == "tf32 (rtol=0.01, atol=0.01*max|ref|)"
+    assert tolerance_label("fp32") == "fp32 (rtol=0.001, atol=0.0001)"
+
+
+def test_cuda_targets_state_their_precision() -> None:
+    from collage_farm.target import CUDA0, Target
+    from runners.cuda import OrtCudaToolchain, OrtTensorRTToolchain
+
+    cuda, trt = OrtCudaToolchain(), OrtTensorRTToolchain()
+    assert cuda.precision(Target.make("a", "ort-cuda", CUDA0)) == "tf32"
+    strict = Target.make("b", "ort-cuda", CUDA0, {"tf32": False})
+    assert cuda.precision(strict) == "fp32"
+    assert cuda._cuda_options(strict)["use_tf32"] == 0
+    assert trt.precision(Target.make("c", "ort-tensorrt", CUDA0, {"fp16": True})) == "fp16"
+    assert trt.precision(Target.make("d", "ort-tensorrt", CUDA0)) == "tf32"
+
+
 def test_run_cli_json_reports_measured_and_additive_error(mnist: DataflowGraph,
                                                           tmp_path: Path) -> None:
     d = write_parts(mnist, chunks(mnist, 2), tmp_path / "plan", "zoo:mnist")
