@@ -432,6 +432,9 @@ class Prepared:
     keep: list[object] = field(default_factory=list)
     #: host arrays bound as inputs (shared with the toolchain): re-read in ``network`` mode
     inputs: list[object] = field(default_factory=list)
+    #: the device's own between-runs action in ``flush``/``network`` modes (a GPU evicts its L2,
+    #: not the host's caches); None: the host's (`runners.measure.flush_for`)
+    flush: Callable[[], None] | None = None
 
 
 class OnnxToolchainBase(Toolchain):
@@ -542,8 +545,9 @@ class OnnxToolchainBase(Toolchain):
             return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
                                         measure_s=time.perf_counter() - t0, **common)
         try:
+            device_flush = prepared.flush if config.measure_mode != "warm" else None
             samples, medians = time_callable(prepared.fn, config, sync=prepared.sync,
-                                             inputs=prepared.inputs)
+                                             inputs=prepared.inputs, flush=device_flush)
         except Exception as e:
             return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
                                         measure_s=time.perf_counter() - t0, **common)

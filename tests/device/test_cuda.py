@@ -96,3 +96,20 @@ def test_tensorrt_build_measure_with_engine_cache(fp16: bool, tmp_path: os.PathL
     r = tc.measure(MeasureInput(b, CFG))
     assert r.status is Status.OK, r.error
     assert os.listdir(str(tmp_path)), "engine cache is empty"
+
+
+@pytest.mark.parametrize("mode", ["network", "flush"])
+def test_cuda_candidates_evict_the_gpu_l2_not_the_host(mode: str) -> None:
+    _skip_unless("ort-cuda")
+    tc = get_toolchain("ort-cuda")
+    b = tc.build(BuildInput(f"cudafl{mode[0]}", Target.make("ort-cuda", "ort-cuda", CUDA0),
+                            conv_model().SerializeToString()))
+    assert b.ok, b.error
+    cfg = MeasureConfig(warmup_runs=2, rounds=3, min_round_runs=5, min_round_s=0.002,
+                        mode=mode, network_bytes=32 << 20, timeout_s=300)
+    r = tc.measure(MeasureInput(b, cfg))
+    assert r.status is Status.OK, r.error
+    evicts = str(dict(r.details)["evicts"])
+    assert evicts.startswith("gpu l2 "), evicts
+    nbytes, l2 = (int(x) for x in evicts.removeprefix("gpu l2 ").removesuffix(" B").split(" of "))
+    assert l2 > 0 and 0 < nbytes <= 2 * l2

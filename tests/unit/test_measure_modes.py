@@ -180,3 +180,51 @@ def test_flushers_of_every_size_share_one_buffer(monkeypatch: pytest.MonkeyPatch
     measure._flusher_of(8 << 20)  # larger: the pool grows once, views are rebuilt
     assert len(measure._POOL[0]) * 8 >= 8 << 20
     assert np.shares_memory(measure._flusher_of(1 << 20)._buf, measure._POOL[0])
+
+
+class _DeviceEvicting(OrtCpuToolchain):
+    """An ORT CPU toolchain whose prepared artifact brings its own eviction (as a GPU's does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.device_flushes = 0
+
+    def prepare(self, build, config, feeds=None, _handle=None):  # type: ignore[no-untyped-def]
+        prepared = super().prepare(build, config, feeds, _handle)
+
+        def flush() -> None:
+            self.device_flushes += 1
+
+        prepared.flush = flush
+        return prepared
+
+
+@pytest.mark.parametrize("mode", ["network", "flush", "warm"])
+def test_a_devices_own_eviction_replaces_the_hosts(monkeypatch: pytest.MonkeyPatch,
+                                                   mode: str) -> None:
+    """A CUDA candidate's data is in device memory: its runner evicts the GPU's L2, and the
+    host's caches are left alone; ``warm`` evicts nothing anywhere."""
+    host = {"n": 0}
+
+    def host_flush(config, inputs=()):  # type: ignore[no-untyped-def]
+        if config.measure_mode == "warm":
+            return None
+
+        def evict_host() -> None:
+            host["n"] += 1
+
+        return evict_host
+
+    monkeypatch.setattr(measure, "flush_for", host_flush)
+    tc = _DeviceEvicting()
+    data = _matmul(64)
+    b = tc.build(BuildInput("devflush", get_target("ort-cpu"), data))
+    cfg = MeasureConfig(warmup_runs=1, rounds=2, min_round_runs=3, min_round_s=0.0,
+                        mode=mode, network_bytes=1 << 20)
+    r = tc.measure(MeasureInput(b, cfg))
+    assert r.ok, r.error
+    if mode == "warm":
+        assert tc.device_flushes == 0
+    else:
+        assert tc.device_flushes >= 6  # one before each timed run
+    assert host["n"] == 0
