@@ -518,8 +518,12 @@ _RemoteRunner = ray.remote(RunnerActor)
 class Progress:
     """Campaign progress: a bar on a TTY, otherwise a parseable log line every few seconds.
 
-    The estimator reports the campaign's size and cache hits (`add`); the farm reports each
-    result (`result`) and what is in flight.
+    The estimator reports the campaign's size and cache hits (`add`), per device kind when it
+    can; the farm reports each result (`result`) and what is in flight. The ETA is the slowest
+    kind's: a GPU's candidates go through one runner per GPU while a node's CPU candidates go
+    through a runner per core, and on an H100 host the aggregate rate said "5 s left" while the
+    CUDA queue needed over a minute. Results nobody announced (re-measurements) grow the total,
+    so ``done`` never exceeds it.
     """
 
     def __init__(self, enabled: bool | None = None, stream: TextIO | None = None,
@@ -534,30 +538,52 @@ class Progress:
         self.failed = 0
         self.inflight = 0
         self.t0 = time.monotonic()
+        self.kind_total: dict[str, int] = {}  # to measure, per device kind (announced)
+        self.kind_done: dict[str, int] = {}
         self._t_first: float | None = None
         self._last = 0.0
         self._drawn = False
         self._logged = ""
 
-    def add(self, total: int = 0, hits: int = 0) -> None:
+    def add(self, total: int = 0, hits: int = 0,
+            kinds: Mapping[str, int] | None = None) -> None:
+        """``total`` candidates, ``hits`` of them cached; ``kinds``: the rest per device kind."""
         self.total += total
         self.hits += hits
+        for kind, n in (kinds or {}).items():
+            self.kind_total[kind] = self.kind_total.get(kind, 0) + n
         self.render()
 
     def result(self, res: MeasureResult) -> None:
         if self._t_first is None:
             self._t_first = time.monotonic()
         self.done += 1
+        self.total = max(self.total, self.done + self.hits)
+        kind = res.target.device.kind
+        self.kind_done[kind] = self.kind_done.get(kind, 0) + 1
+        self.kind_total[kind] = max(self.kind_total.get(kind, 0), self.kind_done[kind])
         if not res.ok:
             self.failed += 1
         self.render()
 
     def eta_s(self) -> float:
-        left = max(0, self.total - self.hits - self.done)
+        """Seconds left: the slowest device kind's (its rate so far), else the overall rate."""
         elapsed = time.monotonic() - self.t0
         if self.done == 0 or elapsed <= 0:
             return math.nan
-        return left * elapsed / self.done
+        left = max(0, self.total - self.hits - self.done)
+        if not self.kind_total:
+            return left * elapsed / self.done
+        etas = []
+        for kind, total in self.kind_total.items():
+            k_left = total - self.kind_done.get(kind, 0)
+            if k_left <= 0:
+                continue
+            k_done = self.kind_done.get(kind, 0)
+            etas.append(math.nan if k_done == 0 else k_left * elapsed / k_done)
+        if any(math.isnan(e) for e in etas):
+            return math.nan
+        return max(etas, default=0.0)
 
     def line(self) -> str:
         eta = self.eta_s()

@@ -256,7 +256,10 @@ class FarmEstimator(CostEstimator):
             if not row.ok:
                 self._failed[row.status] = self._failed.get(row.status, 0) + 1
         missing = {fp: c for fp, c in cands.items() if fp not in self._memo}
-        self.farm.progress.add(total=len(cands), hits=len(cands) - len(missing))
+        kinds: dict[str, int] = {}
+        for c in missing.values():
+            kinds[c.target.device.kind] = kinds.get(c.target.device.kind, 0) + 1
+        self.farm.progress.add(total=len(cands), hits=len(cands) - len(missing), kinds=kinds)
         if not missing:
             return
         log.debug("farm estimator: %d distinct, %d from the table, %d to measure",
