@@ -12,9 +12,18 @@ the candidate starts from) and the campaign's wall time. Three ways, interleaved
 
 Printed and written to bench/results/gpu-candidates-<host>.md: per model the median wall time a
 measurement takes (what the campaign waits for) and the median latency ratio to ``gpu-l2``.
+
+``--algo-search EXHAUSTIVE,HEURISTIC`` adds a second table: each candidate built once per cuDNN
+convolution algorithm search (ORT's ``cudnn_conv_algo_search``) and timed with the GPU-L2
+eviction, build time and latency side by side. Why: a campaign's CUDA candidates are large
+(mobilenet_v2-96's median 28 nodes, ~14 convolutions), EXHAUSTIVE searches every convolution
+again in every new session, and on an H100 the one CUDA runner then got through ~0.4
+candidates a second; whether HEURISTIC picks equally fast algorithms decides the default.
+``--window N`` adds N-node windows (campaign-sized candidates) to the 1- and 3-node ones.
 Needs onnxruntime-gpu and a GPU; exits with a message otherwise.
 
     python bench/gpu_candidates.py [--models resnet18,mobilenet_v2] [--per-model 12]
+        [--algo-search EXHAUSTIVE,HEURISTIC] [--window 28]
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from collage_farm import zoo
 from collage_farm.target import CUDA0, Target
 from runners.base import BuildInput, MeasureConfig
+from runners.cuda import OrtCudaToolchain
 from runners.measure import flush_for, time_callable
 from runners.registry import get_toolchain
 
@@ -57,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--network-bytes", type=int, default=16 << 20,
                     help="bytes the rest of the network touches (the campaign sets it per "
                     "candidate; this bench uses one value)")
+    ap.add_argument("--algo-search", default="",
+                    help="comma-separated cudnn_conv_algo_search values to compare")
+    ap.add_argument("--window", type=int, default=0,
+                    help="also N-node convex windows (campaign-sized candidates)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     tc = get_toolchain("ort-cuda")
@@ -68,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     br = _bench_runners()
     models = [(n, zoo.build(n, **SIZES.get(n, {})), "") for n in args.models.split(",")]
     cands = br.candidates(models, args.per_model)
+    if args.window > 1:
+        cands += windows(models, args.window, max(1, args.per_model // 2))
     base = MeasureConfig(mode="network", network_bytes=args.network_bytes)
     variants = ("gpu-l2", "host", "warm")
     rows: dict[str, dict[str, list[tuple[float, float]]]] = {}
@@ -112,12 +128,69 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {model} | {len(per['gpu-l2'])} | "
                      f"{statistics.median(builds[model]) * 1e3:.0f} | "
                      f"{' / '.join(f'{w:.0f}' for w in walls)} | {r_host:.3f} | {r_warm:.3f} |")
+    if args.algo_search:
+        lines += ["", *algo_search_table(tc, cands, args.algo_search.split(","), base)]
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"gpu-candidates-{socket.gethostname()}.md").write_text(text)
     return 0
+
+
+def windows(models: list, size: int, per_model: int) -> list[tuple[str, bytes]]:
+    """Convex windows of ``size`` consecutive nodes (topological order), evenly spread."""
+    from collage_farm.graph import load_graph
+    from collage_farm.subgraph import SubGraph
+
+    out = []
+    for mname, model, _ in models:
+        g = load_graph(model, name=mname)
+        if len(g.nodes) <= size:
+            continue
+        step = max(1, (len(g.nodes) - size) // per_model)
+        for start in range(0, len(g.nodes) - size, step)[:per_model]:
+            sg = SubGraph.of(g, range(start, start + size))
+            if sg.is_valid():
+                out.append((f"{mname}:window{size}@{start}", sg.extract().SerializeToString()))
+    return out
+
+
+def algo_search_table(tc: OrtCudaToolchain, cands: list[tuple[str, bytes]], algos: list[str],
+                      base: MeasureConfig) -> list[str]:
+    """Per model: median build ms per algorithm search, latency ratio to the first one."""
+    per: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for label, data in cands:
+        got = {}
+        for algo in algos:
+            t = Target.make(f"ort-cuda-{algo.lower()}", "ort-cuda", CUDA0,
+                            {"cudnn_conv_algo_search": algo})
+            tc.clear_cache()  # a fresh session: what a runner's next candidate pays
+            b = tc.build(BuildInput(f"as{abs(hash((label, algo))) % 10**8:08d}", t, data))
+            if not b.ok:
+                break
+            prepared = tc.prepare(b, base)
+            samples, _ = time_callable(prepared.fn, base, sync=prepared.sync,
+                                       flush=prepared.flush)
+            got[algo] = (b.build_s, statistics.median(samples))
+        if len(got) == len(algos):
+            for algo, x in got.items():
+                per.setdefault(label.split(":")[0], {}).setdefault(algo, []).append(x)
+            print(f"{label}: " + ", ".join(f"{a} build {bs * 1e3:.0f} ms, {lat * 1e6:.1f} us"
+                                           for a, (bs, lat) in got.items()), flush=True)
+    ref = algos[0]
+    lines = [f"cuDNN algorithm search (`cudnn_conv_algo_search`), each candidate built in a fresh "
+             f"session per value, timed with the GPU-L2 eviction; ratios to {ref}:", "",
+             "| model | candidates | " + " | ".join(f"build {a} (ms)" for a in algos) + " | "
+             + " | ".join(f"latency {a} / {ref}" for a in algos[1:]) + " |",
+             "|---|---|" + "---|" * (2 * len(algos) - 1)]
+    for model, by in per.items():
+        builds = [f"{statistics.median(b for b, _ in by[a]) * 1e3:.0f}" for a in algos]
+        ratios = [f"{statistics.median(x[1] / r[1] for x, r in zip(by[a], by[ref])):.3f}"
+                  for a in algos[1:]]
+        lines.append(f"| {model} | {len(by[ref])} | " + " | ".join(builds) + " | "
+                     + " | ".join(ratios) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -308,6 +308,11 @@ class OrtCudaToolchain(OrtCpuToolchain):
         return DeviceDescription("cuda", d["name"], driver=d["driver"],
                                  config=f"visible={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 
+    def version(self) -> str:
+        # rows timed while the host's caches were evicted between runs (2.2-2.6x slow) must not
+        # be reused as if taken now: the eviction protocol is part of what the row measured
+        return f"{super().version()}; evicts gpu l2"
+
     def precision(self, target: Target) -> str:
         """The arithmetic this target runs fp32 graphs with (the plan check's tolerance)."""
         return "tf32" if option_bool(target, "tf32", True) else "fp32"
