@@ -166,6 +166,16 @@ def _list_text(data: dict[str, Any], cfg: FarmConfig | None) -> str:
     return "\n".join(out)
 
 
+def _available_here(toolchain: str) -> str | None:
+    """None when ``toolchain`` can build and measure on this machine, else why not."""
+    from runners.registry import get_toolchain
+
+    try:
+        return get_toolchain(toolchain).available()
+    except Exception as e:  # an unknown or broken toolchain is an answer, not a crash
+        return f"{type(e).__name__}: {e}"
+
+
 def _show_data(name: str, cfg: FarmConfig | None) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name, "system": None, "target": None}
     if cfg is not None:
@@ -179,6 +189,7 @@ def _show_data(name: str, cfg: FarmConfig | None) -> dict[str, Any]:
                     "name": dev.name, "model": dev.model, "memory_mib": dev.memory_mib,
                     "clock_hz": dev.clock_hz}
             out["target"]["systems"] = [cfg.system_name]
+            out["target"]["available"] = _available_here(out["target"]["toolchain"])
         if out["system"] is None and out["target"] is None:
             raise ConfigError(f"{name!r} is neither the system nor a target of this "
                               "configuration", key="name",
@@ -199,6 +210,7 @@ def _show_data(name: str, cfg: FarmConfig | None) -> dict[str, Any]:
     if out["target"] is not None:
         out["target"]["systems"] = found_in
         out["target"]["builtin"] = name in BUILTIN_TARGETS
+        out["target"]["available"] = _available_here(out["target"]["toolchain"])
     if out["system"] is None and out["target"] is None:
         known = sorted(set(systems) | set(BUILTIN_TARGETS) | {
             n for s in systems for n in load_config(builtin_system=s).targets})
@@ -238,4 +250,6 @@ def _show_text(data: dict[str, Any]) -> str:
             out.append(f"  in systems:        {', '.join(t['systems'])}")
         if t.get("description"):
             out.append(f"  description:       {t['description']}")
+        if "available" in t:
+            out.append(f"  available here:    {t['available'] or 'yes'}")
     return "\n".join(out)

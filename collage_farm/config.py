@@ -307,6 +307,8 @@ _ORT_CUDA = {
     "cudnn_conv_algo_search": OptionSpec("str", "ORT CUDA EP convolution algorithm search",
                                          choices=("EXHAUSTIVE", "HEURISTIC", "DEFAULT"),
                                          default="EXHAUSTIVE"),
+    "tf32": OptionSpec("bool", "TF32 math for fp32 convolutions and matrix products on Ampere "
+                       "and later (CUDA EP use_tf32; false: strict fp32)", default=True),
 }
 TOOLCHAIN_OPTIONS: dict[str, dict[str, OptionSpec]] = {
     "ort-cpu": dict(_ORT_COMMON),

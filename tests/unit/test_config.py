@@ -598,3 +598,33 @@ def test_targets_cli_list_and_show(capsys, tmp_path):
     bad = write(tmp_path, "bad.yaml", "system: gpu\nfoo: 1\n")
     assert main(["targets", "list", "--app", str(bad)]) == 2
     assert "bad.yaml: foo" in capsys.readouterr().err
+
+
+def test_cuda_tf32_option_is_known_and_its_default_is_implicit(tmp_path):
+    text = """\
+        system: gpu-strict
+        devices:
+          gpu:
+            kind: cuda
+            targets:
+              cuda-tf32: {toolchain: ort-cuda, options: {tf32: true}}
+              cuda-fp32: {toolchain: ort-cuda, options: {tf32: false}}
+    """
+    cfg = load_config(system=write(tmp_path, "s.yaml", textwrap.dedent(text)))
+    default = BUILTIN_TARGETS["ort-cuda"].measure_key
+    assert cfg.targets["cuda-tf32"].measure_key == default  # ORT's own default, stated
+    assert cfg.targets["cuda-fp32"].measure_key != default  # strict fp32 is another measurement
+
+
+def test_target_show_says_whether_it_can_run_here():
+    from collage_farm.cli_targets import _show_data, _show_text
+
+    cpu = _show_data("ort-cpu", None)
+    assert cpu["target"]["available"] is None
+    assert "available here:    yes" in _show_text(cpu)
+    trt = _show_data("ort-tensorrt", None)
+    why = trt["target"]["available"]
+    if why is None:
+        pytest.skip("TensorRT runs here")
+    assert "TensorrtExecutionProvider" in why or "libnvinfer" in why
+    assert f"available here:    {why}" in _show_text(trt)
