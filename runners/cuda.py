@@ -90,6 +90,10 @@ def preload_cuda() -> str | None:
 
         import onnxruntime as ort
 
+        # onnxruntime 1.31 warns "No registered plugin EP device found for
+        # 'CUDAExecutionProvider'" at every session it then builds with the CUDA EP all the same:
+        # one line per candidate in a campaign's log. Errors still show.
+        ort.set_default_logger_severity(3)
         out = io.StringIO()
         fn = getattr(ort, "preload_dlls", None)
         try:
