@@ -10,6 +10,9 @@ the candidate starts from) and the campaign's wall time. Three ways, interleaved
   and re-read the host copies of the inputs, which a device-resident candidate never reads;
 - ``warm``: nothing between runs.
 
+The three run one after another per candidate, in an order rotated from one candidate to the
+next, so no variant always goes first.
+
 Printed and written to bench/results/gpu-candidates-<host>.md: per model the median wall time a
 measurement takes (what the campaign waits for) and the median latency ratio to ``gpu-l2``.
 
@@ -29,6 +32,7 @@ Needs onnxruntime-gpu and a GPU; exits with a message otherwise.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import platform
 import socket
@@ -49,6 +53,11 @@ from runners.registry import get_toolchain
 
 SIZES = {"resnet18": {"image_size": 64}, "mobilenet_v2": {"image_size": 96},
          "bert": {"layers": 2}}
+
+
+def _fp(*parts: str) -> str:
+    """A fingerprint stable across runs (it seeds the candidate's input data)."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def _bench_runners():  # bench/runners.py's candidate extraction (it shadows the runners package)
@@ -88,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     variants = ("gpu-l2", "host", "warm")
     rows: dict[str, dict[str, list[tuple[float, float]]]] = {}
     builds: dict[str, list[float]] = {}
+    rows_done: list[str] = []
     for label, data in cands:
-        b = tc.build(BuildInput(f"gc{abs(hash(label)) % 10**8:08d}", target, data))
+        b = tc.build(BuildInput(_fp(label), target, data))
         if not b.ok:
             print(f"{label}: build failed: {b.error}")
             continue
         prepared = tc.prepare(b, base)
         per: dict[str, tuple[float, float]] = {}
-        for v in variants:
+        turn = len(rows_done)
+        rows_done.append(label)
+        for v in variants[turn % 3:] + variants[:turn % 3]:
             if v == "gpu-l2":
                 flush = prepared.flush
             elif v == "host":
@@ -109,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         builds.setdefault(model, []).append(b.build_s)
         for v, x in per.items():
             rows.setdefault(model, {}).setdefault(v, []).append(x)
-        print(f"{label}: " + ", ".join(f"{v} {w * 1e3:.0f} ms wall, {lat * 1e6:.1f} us"
-                                       for v, (w, lat) in per.items()), flush=True)
+        print(f"{label}: " + ", ".join(f"{v} {per[v][0] * 1e3:.0f} ms wall, "
+                                       f"{per[v][1] * 1e6:.1f} us" for v in variants), flush=True)
     dev = tc.device_description(target)
     lines = [f"# bench/gpu_candidates.py on {socket.gethostname()}", "",
              f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; device: {dev.name} "
@@ -118,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- ort-cuda candidates ({args.per_model} per model: heaviest single nodes and "
              f"convex 3-node windows), default MeasureConfig in network mode, "
              f"network_bytes={args.network_bytes}; variants timed one after another per "
-             "candidate", "",
+             "candidate, order rotated", "",
              "| model | candidates | build (ms) | wall per measurement gpu-l2 / host / warm (ms) | "
              "latency host / gpu-l2 | latency warm / gpu-l2 |", "|---|---|---|---|---|---|"]
     for model, per in rows.items():
@@ -166,7 +178,7 @@ def algo_search_table(tc: OrtCudaToolchain, cands: list[tuple[str, bytes]], algo
             t = Target.make(f"ort-cuda-{algo.lower()}", "ort-cuda", CUDA0,
                             {"cudnn_conv_algo_search": algo})
             tc.clear_cache()  # a fresh session: what a runner's next candidate pays
-            b = tc.build(BuildInput(f"as{abs(hash((label, algo))) % 10**8:08d}", t, data))
+            b = tc.build(BuildInput(_fp(label, algo), t, data))
             if not b.ok:
                 break
             prepared = tc.prepare(b, base)

@@ -26,7 +26,8 @@ check must fail on wiring errors, not on a toolchain doing what it was asked:
 - tf32 (ORT's CUDA EP and TensorRT on Ampere and later by default: products with a 10-bit
   mantissa; measured on an H100, resnet18's logits differ from ORT CPU by up to 1.1e-3 absolute,
   10% relative on a near-zero logit): rtol=1e-2, atol=1e-2 x max|ref|;
-- fp16 (TensorRT ``fp16``): rtol=2e-2, atol=2e-2 x max|ref|;
+- fp16 (TensorRT ``fp16``, OpenVINO ``precision: f16``): rtol=2e-2, atol=2e-2 x max|ref|;
+- bf16 (OpenVINO ``precision: bf16``): rtol=5e-2, atol=5e-2 x max|ref|;
 - int8 (Ethos-U via its int8 TFLite): rtol=0.1, atol=0.1 x max|ref|.
 
 Ethos-U (``vela``) partitions cannot run on this hardware: their latency is the simulated cost
@@ -85,6 +86,7 @@ PRECISIONS: dict[str, tuple[float, float, bool]] = {
     "fp32": (FP32_RTOL, FP32_ATOL, False),
     "tf32": (1e-2, 1e-2, True),
     "fp16": (2e-2, 2e-2, True),
+    "bf16": (5e-2, 5e-2, True),  # OpenVINO's bf16 hint: an 8-bit mantissa
     "int8": (QUANT_RTOL, QUANT_ATOL_FRAC, True),
 }
 
@@ -290,7 +292,8 @@ def _ov_runtime(pid: str, target: str, data: bytes, inputs: Sequence[str],
         return r.infer
 
     return PartitionRuntime(pid, target, "openvino", tuple(inputs), tuple(outputs), est,
-                            "measured", f"openvino {precision}", plain, bind)
+                            "measured", f"openvino {precision}", plain, bind,
+                            precision={"f16": "fp16", "bf16": "bf16"}.get(precision, "fp32"))
 
 
 def _generic_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs: Sequence[str],

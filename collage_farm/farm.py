@@ -540,6 +540,7 @@ class Progress:
         self.t0 = time.monotonic()
         self.kind_total: dict[str, int] = {}  # to measure, per device kind (announced)
         self.kind_done: dict[str, int] = {}
+        self._kind_start: dict[str, tuple[float, int]] = {}  # batch start: (time, done then)
         self._t_first: float | None = None
         self._last = 0.0
         self._drawn = False
@@ -547,11 +548,29 @@ class Progress:
 
     def add(self, total: int = 0, hits: int = 0,
             kinds: Mapping[str, int] | None = None) -> None:
-        """``total`` candidates, ``hits`` of them cached; ``kinds``: the rest per device kind."""
+        """``total`` candidates, ``hits`` of them cached; ``kinds``: the rest per device kind.
+
+        A kind with nothing outstanding starts a new batch: its rate is timed from now, so a GPU
+        that first gets work after ten minutes of CPU-only campaigns is not judged by them.
+        """
         self.total += total
         self.hits += hits
+        now = time.monotonic()
         for kind, n in (kinds or {}).items():
-            self.kind_total[kind] = self.kind_total.get(kind, 0) + n
+            if n <= 0:
+                continue
+            done = self.kind_done.get(kind, 0)
+            if self.kind_total.get(kind, 0) <= done:  # idle: a new batch
+                self._kind_start[kind] = (now, done)
+                self.kind_total[kind] = done
+            self.kind_total[kind] += n
+        self.render()
+
+    def settle(self) -> None:
+        """The announced work is over (what never came back never will): totals = results."""
+        self.total = self.done + self.hits
+        for kind in self.kind_total:
+            self.kind_total[kind] = self.kind_done.get(kind, 0)
         self.render()
 
     def result(self, res: MeasureResult) -> None:
@@ -561,29 +580,33 @@ class Progress:
         self.total = max(self.total, self.done + self.hits)
         kind = res.target.device.kind
         self.kind_done[kind] = self.kind_done.get(kind, 0) + 1
-        self.kind_total[kind] = max(self.kind_total.get(kind, 0), self.kind_done[kind])
+        if kind in self.kind_total:
+            self.kind_total[kind] = max(self.kind_total[kind], self.kind_done[kind])
         if not res.ok:
             self.failed += 1
         self.render()
 
     def eta_s(self) -> float:
-        """Seconds left: the slowest device kind's (its rate so far), else the overall rate."""
-        elapsed = time.monotonic() - self.t0
+        """Seconds left: the slowest device kind's at its batch's rate.
+
+        Work announced without kinds is timed at the overall rate since the farm started.
+        """
+        now = time.monotonic()
+        elapsed = now - self.t0
         if self.done == 0 or elapsed <= 0:
             return math.nan
         left = max(0, self.total - self.hits - self.done)
-        if not self.kind_total:
-            return left * elapsed / self.done
-        etas = []
+        by_kind = sum(max(0, t - self.kind_done.get(k, 0)) for k, t in self.kind_total.items())
+        etas = [left * elapsed / self.done] if left > by_kind else [0.0]
         for kind, total in self.kind_total.items():
-            k_left = total - self.kind_done.get(kind, 0)
-            if k_left <= 0:
+            done = self.kind_done.get(kind, 0)
+            if total - done <= 0:
                 continue
-            k_done = self.kind_done.get(kind, 0)
-            etas.append(math.nan if k_done == 0 else k_left * elapsed / k_done)
-        if any(math.isnan(e) for e in etas):
-            return math.nan
-        return max(etas, default=0.0)
+            t0, done0 = self._kind_start.get(kind, (self.t0, 0))
+            if done - done0 <= 0 or now - t0 <= 0:
+                return math.nan  # work of this kind is waiting and its rate is unknown yet
+            etas.append((total - done) * (now - t0) / (done - done0))
+        return max(etas)
 
     def line(self) -> str:
         eta = self.eta_s()

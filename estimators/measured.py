@@ -264,7 +264,10 @@ class FarmEstimator(CostEstimator):
             return
         log.debug("farm estimator: %d distinct, %d from the table, %d to measure",
                   len(cands), len(cands) - len(missing), len(missing))
-        self._measure(missing)
+        try:
+            self._measure(missing)
+        finally:  # requests that could not be built never come back: not left for the ETA
+            self.farm.progress.settle()
         for fp in missing:  # requests the generator could not build (extraction failed)
             self._memo.setdefault(fp, Cost.invalid())
 

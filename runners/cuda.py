@@ -36,9 +36,11 @@ this, ORT silently falls back to the CPU EP and every "CUDA" cost would be a CPU
 Cache modes: a CUDA candidate's data lives in device memory, so ``flush`` and ``network``
 modes evict the *GPU's* L2 between runs (a ``cudaMemset`` over a device buffer of the evicted
 size, at most 2 x L2, then ``cudaDeviceSynchronize``; `DeviceL2Flusher`), not the host's
-caches. Evicting the host's LLC before every run of a GPU candidate measured the wrong cache
-and cost up to tens of ms a run: on an H100 host the CUDA runner got through ~0.5 candidates a
-second of mobilenet_v2 while 15 CPU runners had finished theirs.
+caches. Evicting the host's caches before every run measured the wrong cache and, on an H100,
+timed 25-50 us candidates about 2.3-2.8x slower than warm runs: such a candidate is mostly host-side
+launch work (ORT's run path, kernel launches), which is hot in a running network
+(bench/results/gpu-candidates-h100.md). ``network`` with the rest of the network's size
+unknown (``network_bytes`` 0) evicts all of L2, as ``flush`` does.
 
 `available()` says why not when the installed onnxruntime lacks the EP, no GPU is visible (the
 driver is asked through ``libcuda`` with ctypes), or, for TensorRT, the ``libnvinfer`` the EP
@@ -51,9 +53,12 @@ with ``CUDA_VISIBLE_DEVICES``, so inside it the device id is 0.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import os
 import re
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,8 +89,12 @@ def preload_cuda() -> str | None:
     ``onnxruntime.preload_dlls`` prints (it does not raise) what it could not load, so its output
     is captured and kept as the explanation for a session whose CUDA EP is then not active.
     """
+    with _LOCK:
+        return _preload_cuda_locked()
+
+
+def _preload_cuda_locked() -> str | None:
     if "cuda" not in _preloaded:
-        import contextlib
         import io
 
         import onnxruntime as ort
@@ -103,7 +112,10 @@ def preload_cuda() -> str | None:
         except Exception as e:  # a bad directory is reported, not fatal
             out.write(f"preload_dlls failed: {type(e).__name__}: {e}")
         text = out.getvalue().strip()
-        _preloaded["cuda"] = text if "fail" in text.lower() else None
+        # ORT prints "Failed to load X" for each library it could not load from its default
+        # paths and then "Please follow ..."; a version mismatch prints a WARNING
+        _preloaded["cuda"] = text if ("Please follow" in text or "WARNING" in text
+                                      or "preload_dlls failed" in text) else None
     return _preloaded["cuda"]
 
 
@@ -136,6 +148,11 @@ def load_tensorrt() -> str | None:
     loader path (``LD_LIBRARY_PATH``, ldconfig). Loaded ``RTLD_GLOBAL`` so the EP's own
     ``dlopen`` finds them.
     """
+    with _LOCK:
+        return _load_tensorrt_locked()
+
+
+def _load_tensorrt_locked() -> str | None:
     if "trt" in _preloaded:
         return _preloaded["trt"]
     capi = _ort_capi_dir()
@@ -203,39 +220,64 @@ def cuda_devices() -> list[dict[str, Any]] | str:
     return out
 
 
+CUDA_DEV_ATTR_L2_CACHE_SIZE = 38  # cudaDevAttrL2CacheSize (driver_types.h)
+MIN_PLAUSIBLE_L2 = 256 << 10  # every CUDA GPU since Kepler has at least this much L2
+_LOCK = threading.Lock()
+
+
+class _DeviceBuffer:
+    """A device allocation that frees itself when the last flusher using it is gone."""
+
+    def __init__(self, rt: Any, size: int) -> None:
+        self.rt, self.size, self.ptr = rt, size, ctypes.c_void_p()
+        _check(rt, rt.cudaMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(size)), "cudaMalloc")
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.rt.cudaFree(self.ptr)
+
+
 class DeviceL2Flusher:
     """Evicts the current GPU's L2: writes ``nbytes`` of a device buffer, then synchronises.
 
     Uses the CUDA runtime that ORT's CUDA EP loaded (the ``libcudart`` soname its provider
-    library names), so it runs in the same primary context as the sessions. One buffer per
-    process, sized to the largest request; ``nbytes`` is clamped to 2 x L2 (more evicts
-    nothing more). Raises OSError/RuntimeError when the runtime or the device is unusable.
+    library names), so it runs in the same primary context as the sessions. ``nbytes`` is
+    clamped to 2 x L2 (more evicts nothing more). Flushers share the process's largest buffer;
+    each keeps its own alive, so a newer, larger one never frees memory an older one writes.
+    Raises OSError/RuntimeError when the runtime or the device is unusable, or when the L2 size
+    it reads is implausible (below 256 KiB: the attribute read the wrong thing).
     """
 
-    _buffer: tuple[Any, ctypes.c_void_p, int] | None = None  # (cudart, pointer, size)
+    _buffer: _DeviceBuffer | None = None
+    _l2: dict[int, int] = {}  # device ordinal -> L2 bytes
 
     def __init__(self, nbytes: int) -> None:
         rt = _cudart()
-        l2 = ctypes.c_int(0)
-        _check(rt, rt.cudaDeviceGetAttribute(ctypes.byref(l2), 89, 0), "L2 size")  # L2CacheSize
-        self.l2_bytes = int(l2.value)
-        self.nbytes = max(0, min(int(nbytes), 2 * self.l2_bytes))
-        buf = DeviceL2Flusher._buffer
-        if buf is None or buf[2] < self.nbytes:
-            ptr = ctypes.c_void_p()
-            _check(rt, rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(max(1, self.nbytes))),
-                   "cudaMalloc")
-            if buf is not None:
-                rt.cudaFree(buf[1])
-            DeviceL2Flusher._buffer = buf = (rt, ptr, max(1, self.nbytes))
-        self._rt, self._ptr = rt, buf[1]
+        dev = ctypes.c_int(0)
+        _check(rt, rt.cudaGetDevice(ctypes.byref(dev)), "cudaGetDevice")
+        with _LOCK:
+            if dev.value not in DeviceL2Flusher._l2:
+                l2 = ctypes.c_int(0)
+                _check(rt, rt.cudaDeviceGetAttribute(ctypes.byref(l2),
+                                                     CUDA_DEV_ATTR_L2_CACHE_SIZE, dev.value),
+                       "L2 size")
+                if l2.value < MIN_PLAUSIBLE_L2:
+                    raise RuntimeError(f"implausible L2 size {l2.value} B on device {dev.value}")
+                DeviceL2Flusher._l2[dev.value] = int(l2.value)
+            self.l2_bytes = DeviceL2Flusher._l2[dev.value]
+            self.nbytes = max(0, min(int(nbytes), 2 * self.l2_bytes))
+            buf = DeviceL2Flusher._buffer
+            if buf is None or buf.size < self.nbytes:
+                buf = DeviceL2Flusher._buffer = _DeviceBuffer(rt, max(1, self.nbytes))
+        self._rt, self._buf = rt, buf
         self._value = 0
 
     def __call__(self) -> None:
         if self.nbytes:
             self._value = (self._value + 1) & 0xFF  # new bytes each time: nothing to skip
-            self._rt.cudaMemset(self._ptr, self._value, ctypes.c_size_t(self.nbytes))
-        self._rt.cudaDeviceSynchronize()
+            _check(self._rt, self._rt.cudaMemset(self._buf.ptr, self._value,
+                                                 ctypes.c_size_t(self.nbytes)), "cudaMemset")
+        _check(self._rt, self._rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
 
 def _check(rt: Any, rc: int, what: str) -> None:
@@ -244,7 +286,9 @@ def _check(rt: Any, rc: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUDA error {rc} ({rt.cudaGetErrorString(rc).decode()})")
 
 
+@functools.cache
 def _cudart() -> Any:
+    """The CUDA runtime ORT's CUDA EP links (found once per process: the scan reads the EP)."""
     capi = _ort_capi_dir()
     names = (provider_needs(capi / "libonnxruntime_providers_cuda.so", "libcudart")
              if capi is not None else [])
@@ -313,9 +357,10 @@ class OrtCudaToolchain(OrtCpuToolchain):
                                  config=f"visible={os.environ.get('CUDA_VISIBLE_DEVICES', '')}")
 
     def version(self) -> str:
-        # rows timed while the host's caches were evicted between runs (2.2-2.6x slow) must not
+        # rows timed while the host's caches were evicted between runs (2.3-2.8x slow) must not
         # be reused as if taken now: the eviction protocol is part of what the row measured
-        return f"{super().version()}; evicts gpu l2"
+        # (v2: v1 read the wrong device attribute for the L2 size and evicted 2 bytes)
+        return f"{super().version()}; evicts gpu l2 v2"
 
     def precision(self, target: Target) -> str:
         """The arithmetic this target runs fp32 graphs with (the plan check's tolerance)."""
@@ -355,17 +400,16 @@ class OrtCudaToolchain(OrtCpuToolchain):
             return prepared
         if config.flush_bytes > 0:
             nbytes = int(config.flush_bytes)
-        elif mode == "network":
+        elif mode == "network" and config.network_bytes > 0:
             nbytes = int(config.network_bytes)
         else:
-            nbytes = 1 << 40  # flush: all of it (clamped to 2 x L2)
+            nbytes = 1 << 40  # flush, or network with the rest unknown: all of L2 (clamped)
         try:
             flusher = DeviceL2Flusher(nbytes)
         except (OSError, RuntimeError, AttributeError) as e:
-            # no device eviction possible: time warm rather than evict the host's caches
-            prepared.flush = lambda: None
-            prepared.details = (*prepared.details, ("evicts", f"nothing ({e})"))
-            return prepared
+            # timing warm and filing it under this mode would be a wrong row: fail instead
+            raise RuntimeError(f"cannot evict the GPU's L2 for {mode} mode ({e}); "
+                               "measure in warm mode instead") from e
         prepared.flush = flusher
         prepared.details = (*prepared.details,
                             ("evicts", f"gpu l2 {flusher.nbytes} of {flusher.l2_bytes} B"))

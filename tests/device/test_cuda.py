@@ -112,4 +112,5 @@ def test_cuda_candidates_evict_the_gpu_l2_not_the_host(mode: str) -> None:
     evicts = str(dict(r.details)["evicts"])
     assert evicts.startswith("gpu l2 "), evicts
     nbytes, l2 = (int(x) for x in evicts.removeprefix("gpu l2 ").removesuffix(" B").split(" of "))
-    assert l2 > 0 and 0 < nbytes <= 2 * l2
+    assert l2 >= 256 << 10, l2  # the wrong device attribute (89) answered 1 here
+    assert nbytes == (min(32 << 20, 2 * l2) if mode == "network" else 2 * l2)

@@ -626,5 +626,5 @@ def test_target_show_says_whether_it_can_run_here():
     why = trt["target"]["available"]
     if why is None:
         pytest.skip("TensorRT runs here")
-    assert "TensorrtExecutionProvider" in why or "libnvinfer" in why
+    assert isinstance(why, str) and why  # which EP, library or driver is missing
     assert f"available here:    {why}" in _show_text(trt)

@@ -8,6 +8,7 @@ queue needed over a minute.
 from __future__ import annotations
 
 import io
+import math
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_a_kind_with_work_and_no_result_yet_has_no_eta(clock: Clock) -> None:
     p.add(total=10, kinds={"cpu": 5, "ethos-u": 5})
     clock.now += 1
     p.result(_result("cpu"))
-    assert p.eta_s() != p.eta_s()  # nan: the NPU's rate is unknown
+    assert math.isnan(p.eta_s())  # the NPU's rate is unknown
 
 
 def test_unannounced_results_grow_the_total(clock: Clock) -> None:
@@ -73,3 +74,39 @@ def test_unannounced_results_grow_the_total(clock: Clock) -> None:
     assert p.done == 3 and p.total == 4 and p.failed == 3
     assert "done=3 total=4" in p.line()
     assert p.eta_s() == 0.0
+
+
+def test_without_kinds_the_overall_rate_still_counts(clock: Clock) -> None:
+    p = Progress(enabled=False, stream=io.StringIO())
+    p.add(total=100)
+    clock.now += 10
+    for _ in range(10):
+        p.result(_result("cpu"))
+    assert p.eta_s() == pytest.approx(90.0)  # was 0.0: every kind looked finished
+
+
+def test_a_kind_that_starts_late_is_timed_from_its_own_start(clock: Clock) -> None:
+    p = Progress(enabled=False, stream=io.StringIO())
+    p.add(total=50, kinds={"cpu": 50})
+    clock.now += 600
+    for _ in range(50):
+        p.result(_result("cpu"))
+    p.add(total=20, kinds={"cuda": 20})
+    clock.now += 2
+    p.result(_result("cuda"))
+    assert p.eta_s() == pytest.approx(19 * 2.0)  # not 19 x 602
+
+
+def test_settle_forgets_requests_that_never_came_back(clock: Clock) -> None:
+    p = Progress(enabled=False, stream=io.StringIO())
+    p.add(total=10, kinds={"cpu": 10})
+    clock.now += 5
+    for _ in range(8):  # two candidates could not be extracted
+        p.result(_result("cpu"))
+    assert p.eta_s() > 0
+    p.settle()
+    assert p.total == 8 and p.eta_s() == 0.0
+    p.add(total=4, kinds={"cpu": 4})  # the next campaign's batch is timed afresh
+    clock.now += 1
+    p.result(_result("cpu"))
+    assert p.eta_s() == pytest.approx(3.0)
