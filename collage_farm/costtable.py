@@ -1072,7 +1072,8 @@ class CostTable:
                                   "first": lo.isoformat() if lo else None,
                                   "last": hi.isoformat() if hi else None,
                                   "models": sorted(m for m in models if m)})
-            campaigns.sort(key=lambda c: c["first"] or "")
+            # ties (rows written within the timestamp resolution) by id: a stable listing
+            campaigns.sort(key=lambda c: (c["first"] or "", c["campaign_id"] or ""))
             first = pc.min(t["created_at"]).as_py()
             last = pc.max(t["created_at"]).as_py()
         statuses: dict[str, int] = {}
