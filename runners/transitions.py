@@ -244,6 +244,10 @@ def measure_copies(pairs: Sequence[tuple[VirtualDevice, VirtualDevice]],
         has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
     except ImportError:
         has_cuda = False
+    if has_cuda:
+        from runners.cuda import preload_cuda
+
+        preload_cuda()  # device OrtValues need the CUDA libraries the EP would load
     for src, dst in pairs:
         if src.same_memory(dst):
             continue

@@ -114,3 +114,17 @@ def test_cuda_candidates_evict_the_gpu_l2_not_the_host(mode: str) -> None:
     nbytes, l2 = (int(x) for x in evicts.removeprefix("gpu l2 ").removesuffix(" B").split(" of "))
     assert l2 >= 256 << 10, l2  # the wrong device attribute (89) answered 1 here
     assert nbytes == (min(32 << 20, 2 * l2) if mode == "network" else 2 * l2)
+
+
+def test_host_cuda_copies_are_measured_both_ways() -> None:
+    _skip_unless("ort-cuda")
+    from collage_farm.target import CPU0
+    from runners.transitions import measure_copies
+
+    rows = list(measure_copies([(CPU0, CUDA0), (CUDA0, CPU0)],
+                               MeasureConfig(warmup_runs=2, rounds=3, min_round_runs=5,
+                                             min_round_s=0.002), sizes=(4096, 1 << 22)))
+    assert len(rows) == 4 and all(r.ok for r in rows), [r.error for r in rows]
+    by = {r.fingerprint: r.seconds for r in rows}
+    print({k: f"{v * 1e6:.1f} us" for k, v in by.items()})
+    assert all(0 < v < 1.0 for v in by.values())
