@@ -82,6 +82,9 @@ def add_targets_parser(subparsers: argparse._SubParsersAction) -> None:
     ts = p.add_subparsers(dest="targets_cmd", required=True)
     ls = ts.add_parser("list", help="built-in systems and their targets, or a merged config")
     ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.add_argument("--check", action="store_true",
+                    help="also say which targets can build and measure on this machine, and "
+                    "why not (imports every toolchain: a node's readiness check)")
     add_config_args(ls)
     sh = ts.add_parser("show", help="one system or target: devices, toolchains, options, "
                                     "measure key")
@@ -94,6 +97,8 @@ def run_targets(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.targets_cmd == "list":
         data = _list_data(cfg)
+        if getattr(args, "check", False):
+            _annotate_available(data)
         print(json.dumps(data, indent=2, default=str) if args.json else _list_text(data, cfg))
         return 0
     if args.targets_cmd == "show":
@@ -129,8 +134,27 @@ def _list_data(cfg: FarmConfig | None) -> dict[str, Any]:
 def _target_line(d: dict[str, Any]) -> str:
     opts = ",".join(f"{k}={v}" for k, v in d["options"].items())
     mark = "*" if d.get("selected") else " "
+    here = ("" if "available" not in d
+            else f"  [here: {'yes' if d['available'] is None else 'no'}]")
     return (f"  {mark} {d['name']:<18} {d['toolchain']:<13} {d['device']:<12} "
-            f"{d['measure_key']:<24} {opts}")
+            f"{d['measure_key']:<24} {opts}{here}").rstrip()
+
+
+def _target_dicts(data: dict[str, Any]) -> list[dict[str, Any]]:
+    if "config" in data:
+        return list(data["config"]["targets"].values())
+    out = [t for s in data["systems"].values() for t in s["targets"].values()]
+    return out + list(data["other_builtin_targets"].values())
+
+
+def _annotate_available(data: dict[str, Any]) -> None:
+    """Add ``available`` (None or why not) to every target, each toolchain asked once."""
+    why: dict[str, str | None] = {}
+    for t in _target_dicts(data):
+        if t["toolchain"] not in why:
+            why[t["toolchain"]] = _available_here(t["toolchain"])
+        t["available"] = why[t["toolchain"]]
+    data["unavailable_toolchains"] = {k: v for k, v in why.items() if v is not None}
 
 
 def _list_text(data: dict[str, Any], cfg: FarmConfig | None) -> str:
@@ -156,14 +180,20 @@ def _list_text(data: dict[str, Any], cfg: FarmConfig | None) -> str:
         for lk in c["links"]:
             out.append(f"  link {lk['from']} -> {lk['to']}: {lk['latency_s'] * 1e6:g} us + "
                        f"bytes / {lk['bytes_per_s'] / 1e9:g} GB/s")
-        return "\n".join(out)
+        return "\n".join(out + _unavailable_text(data))
     for name, s in data["systems"].items():
         out.append(f"{name}: {s['description']}")
         out += [_target_line({**t, "selected": False}) for t in s["targets"].values()]
     if data["other_builtin_targets"]:
         out.append("other built-in targets (usable with --targets; no built-in system file):")
         out += [_target_line(t) for t in data["other_builtin_targets"].values()]
-    return "\n".join(out)
+    return "\n".join(out + _unavailable_text(data))
+
+
+def _unavailable_text(data: dict[str, Any]) -> list[str]:
+    bad = data.get("unavailable_toolchains") or {}
+    return ([f"not available here: {k}: {v}" for k, v in bad.items()]
+            if "unavailable_toolchains" in data else [])
 
 
 def _available_here(toolchain: str) -> str | None:

@@ -628,3 +628,22 @@ def test_target_show_says_whether_it_can_run_here():
         pytest.skip("TensorRT runs here")
     assert isinstance(why, str) and why  # which EP, library or driver is missing
     assert f"available here:    {why}" in _show_text(trt)
+
+
+def test_targets_list_check_marks_each_target_and_names_what_is_missing(capsys):
+    from collage_farm.cli import main as cli_main
+
+    assert cli_main(["targets", "list", "--check", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    cpu = data["systems"]["cpu"]["targets"]["ort-cpu"]
+    assert "available" in cpu and cpu["available"] is None
+    bad = data["unavailable_toolchains"]
+    assert all(isinstance(v, str) and v for v in bad.values())
+    for s in data["systems"].values():
+        for t in s["targets"].values():
+            assert (t["available"] is None) == (t["toolchain"] not in bad)
+    assert cli_main(["targets", "list", "--check"]) == 0
+    text = capsys.readouterr().out
+    assert "[here: yes]" in text
+    for k in bad:
+        assert f"not available here: {k}: " in text
