@@ -40,7 +40,10 @@ caches. Evicting the host's caches before every run measured the wrong cache and
 timed 25-50 us candidates about 2.3-2.8x slower than warm runs: such a candidate is mostly host-side
 launch work (ORT's run path, kernel launches), which is hot in a running network
 (bench/results/gpu-candidates-h100.md). ``network`` with the rest of the network's size
-unknown (``network_bytes`` 0) evicts all of L2, as ``flush`` does.
+unknown (``network_bytes`` 0) evicts all of L2, as ``flush`` does. Unlike the host's ``network``
+mode, the candidate's inputs are not read back into L2 after the eviction (their producer
+would have left them there): for inputs that are a small share of L2 this overstates the
+cost slightly.
 
 `available()` says why not when the installed onnxruntime lacks the EP, no GPU is visible (the
 driver is asked through ``libcuda`` with ctypes), or, for TensorRT, the ``libnvinfer`` the EP
