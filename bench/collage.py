@@ -102,6 +102,16 @@ def cpu_model() -> str:
     return DeviceDescription.host_cpu().name
 
 
+def _extended(s: dict) -> str:
+    """What the extra verify rounds did, when the first run left the mix undecided."""
+    first, pooled = s.get("mix_vs_best_single_first"), s.get("mix_vs_best_single")
+    if not first or not pooled:
+        return ""
+    return (f"; extended: first run ratio {first['ratio']:.3f} within noise "
+            f"{first['threshold']:.1%} ({first['pairs']} pairs) -> pooled ratio "
+            f"{pooled['ratio']:.3f}, noise {pooled['threshold']:.1%} ({pooled['pairs']} pairs)")
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.3f}"
 
@@ -117,6 +127,8 @@ def main() -> int:
     ap.add_argument("--refine-trials", type=int, default=4)
     ap.add_argument("--refine-time", type=float, default=60.0)
     ap.add_argument("--verify-rounds", type=int, default=7)
+    ap.add_argument("--verify-extend-rounds", type=int, default=14,
+                    help="tune --verify-extend-rounds (0 disables)")
     ap.add_argument("--num-cpus", type=int, default=None,
                     help="CPU measurement slots of the embedded Ray (default: every core); 1 "
                     "serialises measurements, so no two share the cache while timed")
@@ -183,6 +195,7 @@ def main() -> int:
                                          out=work / label, refine_trials=args.refine_trials,
                                          refine_time_s=args.refine_time,
                                          verify_rounds=args.verify_rounds, report=False,
+                                         verify_extend_rounds=args.verify_extend_rounds,
                                          confirm_rounds=args.confirm_rounds),
                              estimator=est)
                 s["error"] = ""
@@ -221,7 +234,9 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
         f"{args.confirm_rounds} rounds) and post-search step: "
         f"refinement <= {args.refine_trials} measured trials / {args.refine_time:.0f} s, and one "
         f"interleaved run of {args.verify_rounds} rounds (>= 50 ms each) of every plan and "
-        f"single toolchain; 1 thread per session; candidates timed in `{args.measure_mode}` "
+        f"single toolchain (+{args.verify_extend_rounds} rounds of the mix and the best single, "
+        "pooled, when the mix looked faster but not beyond noise); 1 thread per session; "
+        f"candidates timed in `{args.measure_mode}` "
         f"mode on {args.num_cpus or os.cpu_count()} measurement slot(s)",
         "- sizes reduced to fit ~15 min on 2 cores: " + ", ".join(
             _describe_case(c) for c in CASES + packaged_cases(verbose=False)),
@@ -286,7 +301,7 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
     lines += ["## Never-worse decisions", ""]
     lines += [f"- {s['label']}: {s.get('never_worse') or s.get('error')} "
               f"(campaign {s.get('campaign_s', 0):.0f} s, {s.get('measured', 0)} measured, "
-              f"{s.get('cache_hits', 0)} cache hits)" for s in rows]
+              f"{s.get('cache_hits', 0)} cache hits){_extended(s)}" for s in rows]
     conf_rows = [s for s in rows if isinstance(s.get("confirm"), dict)]
     if conf_rows:
         lines += ["", "## Confirmation (the chosen path re-measured, search again)", ""]

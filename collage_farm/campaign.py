@@ -80,6 +80,9 @@ class TuneOptions:
     refine_trials: int = DEFAULT_REFINE_TRIALS  # measured local moves; 0 disables
     refine_time_s: float = 120.0
     verify_rounds: int = 7
+    # a mix that looks faster (ratio < 1 - 3%) but not beyond noise gets this many more
+    # interleaved rounds against the best single before the decision; 0 disables
+    verify_extend_rounds: int = 14
     measure_mode: str = ""  # candidates' MeasureConfig.mode; "" = runners.base.CANDIDATE_MODE
     cut_costs: bool = True  # measure this model's cut cost per target (collage_farm.cutcost)
     confirm_rounds: int = 3  # re-measure the chosen path, re-search (`confirm`); 0 disables
@@ -487,6 +490,36 @@ def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyRe
     return out
 
 
+def _should_extend(cmp: Paired, whole: bool, extend_rounds: int) -> bool:
+    """A mix is worth more rounds when it looks faster than the floor but not beyond noise."""
+    from collage_farm.refine import NOISE_FLOOR
+
+    return (extend_rounds > 0 and not whole and not cmp.a_faster and cmp.pairs > 0
+            and cmp.ratio < 1.0 - NOISE_FLOOR)
+
+
+def _extend(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Target], best: str,
+            rounds: int, builder: PlanBuilder, first: VerifyResult, mix: str) -> Paired | None:
+    """More evidence for an undecided mix: ``rounds`` more interleaved rounds of the mix and
+    the best single, paired round by round and pooled with the first run's pairs (each pair
+    comes from one turn of one rotation, so pooling two runs keeps every pair clean). None
+    when either fails to run, or the first run has no round medians to pool with."""
+    from collage_farm.refine import paired, verify
+    from runners.base import MeasureConfig
+
+    a0, b0 = first.round_medians.get(mix, ()), first.round_medians.get(best, ())
+    if not a0 or not b0:
+        return None
+    t = [x for x in targets if x.id == best]
+    v = verify(graph, {"mix": parts}, t, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
+               builder=builder)
+    if "mix" not in v.summaries or best not in v.summaries:
+        return None
+    return paired(v.summaries["mix"], v.summaries[best],
+                  (*a0, *v.round_medians.get("mix", ())), (*b0, *v.round_medians.get(best, ())),
+                  len(a0) + v.rounds)
+
+
 def _confirm(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Target],
              best: str, rounds: int, builder: PlanBuilder) -> Paired | None:
     """The mix against the best single toolchain in a second interleaved run (`Paired`, mix
@@ -596,14 +629,24 @@ def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
         note = "no single toolchain ran the whole model; the plan is kept unverified against one"
     else:
         cmp = v.compare(mix, best)
+        whole = (len(mix_result.partitions) == 1
+                 and mix_result.partitions[0].candidate.target.id == best)
+        confirm_rounds = rounds
+        if _should_extend(cmp, whole, opts.verify_extend_rounds):
+            # looks faster, not beyond this run's noise: measure more before deciding (the
+            # threshold shrinks with sqrt(rounds); the mix must still win a second run)
+            more = _extend(graph, plans[mix], opts.targets, best, opts.verify_extend_rounds,
+                           builder, v, mix)
+            if more is not None:
+                info["mix_vs_best_single_first"] = cmp.to_json()
+                cmp = more
+                confirm_rounds = rounds + opts.verify_extend_rounds
         thr = cmp.threshold
         info["noise_threshold"] = thr
         info["mix_vs_best_single"] = cmp.to_json()
-        whole = (len(mix_result.partitions) == 1
-                 and mix_result.partitions[0].candidate.target.id == best)
         wins = not whole and cmp.a_faster
         if wins:  # one run's win can be this VM's drift: the mix must win a second run too
-            again = _confirm(graph, plans[mix], opts.targets, best, rounds, builder)
+            again = _confirm(graph, plans[mix], opts.targets, best, confirm_rounds, builder)
             info["mix_vs_best_single_confirm"] = again.to_json() if again else None
             if again is None or not again.a_faster:
                 wins = False

@@ -56,6 +56,10 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    "target's whole model, then search again, up to N times until the path "
                    "is made of re-measured candidates (default 3; 0 disables; measured "
                    "campaigns only)")
+    p.add_argument("--verify-extend-rounds", type=int, default=14, metavar="N",
+                   help="when the mix looks faster than the best single toolchain (by > 3%%) "
+                   "but not beyond the verify run's noise, time N more interleaved rounds of "
+                   "the two and decide on all rounds (default 14; 0 disables)")
     p.add_argument("--no-verify", action="store_true",
                    help="do not measure the plan end to end against each single toolchain "
                    "(never-worse check); by default a plan not faster than the best single "
@@ -112,6 +116,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         measure_mode=args.measure_mode or "",
         cut_costs=not args.no_cut_costs,
         confirm_rounds=max(0, args.confirm_rounds),
+        verify_extend_rounds=max(0, args.verify_extend_rounds),
     )
     summary = run_tune(opts)
     if args.json:
