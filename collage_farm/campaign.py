@@ -577,7 +577,8 @@ def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
         pins = PinSet.of(pins)  # type: ignore[arg-type]
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
                  time_budget_s=opts.refine_time_s,
-                 config=MeasureConfig(rounds=5, min_round_s=0.02), pins=pins, builder=builder)
+                 config=MeasureConfig(rounds=5, min_round_s=0.02), pins=pins, builder=builder,
+                 extend_rounds=opts.verify_extend_rounds)
     refined_result = result
     if ref.changed:
         refined_result = to_search_result(graph, ref.parts, result, estimate=est.estimate,

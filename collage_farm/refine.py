@@ -427,12 +427,15 @@ class RefineResult:
 def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target], *,
            trials: int = 6, time_budget_s: float = 120.0, config: MeasureConfig | None = None,
            threads: int = 1, pins: Any = None, builder: PlanBuilder | None = None,
-           supports: Callable[[Target, int], bool] | None = None) -> RefineResult:
+           supports: Callable[[Target, int], bool] | None = None,
+           extend_rounds: int = 0) -> RefineResult:
     """Hill-climb from ``start`` with measured end-to-end latency (see module doc).
 
     At most ``trials`` moves are run and timed (invalid moves are skipped without running and
     do not count), and no new trial starts after ``time_budget_s``. Never raises for a move
-    that fails to build or run: it becomes a ``failed`` trial.
+    that fails to build or run: it becomes a ``failed`` trial. A move that looks faster than
+    the 3% floor but not beyond noise gets ``extend_rounds`` more rounds, pooled with the
+    first run's pairs, before it is decided (its confirmation run is then as long).
     """
     t0 = time.perf_counter()
     start = tuple(start)
@@ -485,15 +488,29 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
                                   error=f"{type(e).__name__}: {str(e)[:300]}"))
                 continue
             a, b, cmp = _pair(res, config.rounds)
+            confirm_config = config
+            if (extend_rounds > 0 and not cmp.a_faster and cmp.pairs
+                    and cmp.ratio < 1.0 - NOISE_FLOOR):
+                try:  # looks faster, inside this run's noise: more rounds before deciding
+                    more = measure_interleaved_rounds(
+                        {"current": cur_fn, "candidate": fn},
+                        dataclasses.replace(config, rounds=extend_rounds))
+                except Exception:  # ran once, fails now: decided on the first run
+                    more = None
+                if more is not None:
+                    res = _pooled(res, more)
+                    a, b, cmp = _pair(res, config.rounds + extend_rounds)
+                    confirm_config = dataclasses.replace(
+                        config, rounds=config.rounds + extend_rounds)
             ok = cmp.a_faster
             if ok:  # confirm in a second interleaved run: one run's win can be this VM's drift
                 try:
                     again = measure_interleaved_rounds({"current": cur_fn, "candidate": fn},
-                                                       config)
+                                                       confirm_config)
                 except Exception:  # ran once, fails now: not a move to keep
                     ok = False
                 else:
-                    a2, b2, cmp2 = _pair(again, config.rounds)
+                    a2, b2, cmp2 = _pair(again, confirm_config.rounds)
                     ok = cmp2.a_faster
                     if not ok:  # the log shows the run that decided
                         a, b, cmp = a2, b2, cmp2
@@ -512,6 +529,16 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
             break
     return RefineResult(start, tuple(cur), tuple(log_), invalid, time.perf_counter() - t0,
                         stopped)
+
+
+def _pooled(first: Any, more: Any) -> Any:
+    """Two interleaved runs as one: round medians concatenated (each pair stays within one
+    turn of one rotation), summaries from the longer evidence's second run."""
+    from collage_farm.executor import Interleaved
+
+    rounds = {k: (*first.rounds.get(k, ()), *more.rounds.get(k, ()))
+              for k in set(first.rounds) | set(more.rounds)}
+    return Interleaved(more.summaries, rounds)
 
 
 def _pair(res: Any, rounds: int) -> tuple[Summary, Summary, Paired]:

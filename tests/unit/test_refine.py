@@ -228,3 +228,41 @@ def test_a_move_is_kept_only_when_a_second_run_confirms_it(
                  {"current": summary(1.0), "candidate": summary(0.8)}]
     r = refine(mnist, start, [ORT, OV], trials=1, time_budget_s=60, config=FAST, builder=b)
     assert [t.status for t in r.trials] == ["accepted"] and r.changed and not script
+
+
+def test_an_undecided_move_gets_more_rounds_before_it_is_decided(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move 15% faster inside a 3-round run's noise: with extend_rounds its pooled pairs
+    decide it (and a confirmation run as long must agree); without, it is rejected."""
+    import collage_farm.executor as executor
+
+    def summary(ms: float) -> Summary:
+        return Summary(ms * 1e-3, ms * 1e-3, 0, ms * 1e-3, ms * 1e-3, ms * 1e-3, 10, 0.0)
+
+    # per-round log ratios candidate/current: median log(0.85), sample sd 0.2
+    noisy = [-0.1625, -0.4125, 0.0375, -0.3625, 0.0875, -0.2125, -0.1125, -0.3625, 0.0375]
+
+    def run(n: int) -> executor.Interleaved:
+        cur = [1e-3] * n
+        cand = [1e-3 * math.exp(x) for x in (noisy * 4)[:n]]
+        return executor.Interleaved({"current": summary(1.0), "candidate": summary(0.85)},
+                                    {"current": tuple(cur), "candidate": tuple(cand)})
+
+    calls: list[int] = []
+
+    def scripted(fns, config):
+        assert set(fns) == {"current", "candidate"}
+        calls.append(config.rounds)
+        return run(config.rounds)
+
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
+    start = alternating(mnist)
+    b = PlanBuilder(mnist)
+    r = refine(mnist, start, [ORT, OV], trials=1, time_budget_s=60, config=FAST, builder=b)
+    assert [t.status for t in r.trials] == ["rejected"] and calls == [3]  # 3 rounds: noise
+    calls.clear()
+    r = refine(mnist, start, [ORT, OV], trials=1, time_budget_s=60, config=FAST, builder=b,
+               extend_rounds=15)
+    assert calls == [3, 15, 18]  # first run, extension, confirmation as long as both
+    assert [t.status for t in r.trials] == ["accepted"] and r.changed
+    assert r.trials[0].ratio < 1 - r.trials[0].threshold
