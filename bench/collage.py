@@ -337,6 +337,7 @@ def report(rows: list[dict], targets: list, args: argparse.Namespace, wall: floa
             lines.append(f"- {s['label']}: {t['description']}: {t['status']} "
                          f"({_ms(t.get('current_s'))} -> {_ms(t.get('candidate_s'))} ms"
                          + (f", per-round ratio {t['ratio']:.3f}" if t.get("ratio") else "")
+                         + (f", {t['pairs']} pairs" if t.get("pairs") else "")
                          + ")"
                          + (f" {t['error'][:120]}" if t.get("error") else ""))
     text = "\n".join(lines) + "\n"

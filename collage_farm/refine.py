@@ -394,6 +394,7 @@ class Trial:
     threshold: float | None = None
     error: str = ""
     ratio: float | None = None  # candidate / current, paired per round (`paired`)
+    pairs: int = 0  # rounds the deciding comparison paired (more when it was extended)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -516,7 +517,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
                         a, b, cmp = a2, b2, cmp2
             thr = cmp.threshold
             log_.append(Trial(mv.kind, mv.description, "accepted" if ok else "rejected",
-                              a.median, b.median, thr, ratio=cmp.ratio))
+                              a.median, b.median, thr, ratio=cmp.ratio, pairs=cmp.pairs))
             log.info("refine: %s: %.4f -> %.4f ms (%s)", mv.description, a.median * 1e3,
                      b.median * 1e3, "kept" if ok else "not beyond noise")
             if ok:

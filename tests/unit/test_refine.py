@@ -265,4 +265,4 @@ def test_an_undecided_move_gets_more_rounds_before_it_is_decided(
                extend_rounds=15)
     assert calls == [3, 15, 18]  # first run, extension, confirmation as long as both
     assert [t.status for t in r.trials] == ["accepted"] and r.changed
-    assert r.trials[0].ratio < 1 - r.trials[0].threshold
+    assert r.trials[0].ratio < 1 - r.trials[0].threshold and r.trials[0].pairs == 18
