@@ -105,7 +105,7 @@ class _Edge:
     need: int  # producers of inputs (must be covered)
     device: VirtualDevice
     static_penalty: float  # launch + hand-offs + graph-output transfers
-    inputs: tuple[tuple[int, int], ...]  # (producer node, bytes) for cross-device transfers
+    inputs: tuple[tuple[int, int], ...]  # (producer node, bytes) per input tensor
     graph_in_bytes: int  # bytes read from graph inputs (host)
     produces_live: tuple[int, ...] = field(default=())  # nodes whose outputs leave the candidate
 
@@ -118,7 +118,10 @@ def _prepare(graph: DataflowGraph, cands: Sequence[CandidatePartition],
         sg = c.sub_graph
         t = graph.tensors
         pen = transition.launch_s(c.target)
-        inputs: dict[int, int] = {}
+        # one transfer per tensor that crosses memories (each is its own copy, with its own
+        # latency); those from graph inputs start on the host and are charged here, those
+        # from other partitions when the producer's device is known (`transfer` below)
+        inputs: list[tuple[int, int]] = []
         gin = 0
         for name in sg.input_tensors:
             nb = t[name].nbytes if name in t else 0
@@ -126,19 +129,19 @@ def _prepare(graph: DataflowGraph, cands: Sequence[CandidatePartition],
             p = graph.producer.get(name)
             if p is None:
                 gin += nb
+                pen += transition.transfer_s(HOST, c.target.device, nb)
             else:
-                inputs[p] = inputs.get(p, 0) + nb
+                inputs.append((p, nb))
         for name in sg.output_tensors:
             nb = t[name].nbytes if name in t else 0
             pen += transition.handoff_s(c.target, nb)
             if name in graph_outs:
                 pen += transition.transfer_s(c.target.device, HOST, nb)
-        pen += transition.transfer_s(HOST, c.target.device, gin) if gin else 0.0
         if inputs:  # fed by another partition: a cut into this target
             pen += transition.cut_s(c.target)
         edges.append(_Edge(
             cand=c, idx=k, mask=c.mask, need=sg.input_mask, device=c.target.device,
-            static_penalty=pen, inputs=tuple(sorted(inputs.items())), graph_in_bytes=gin,
+            static_penalty=pen, inputs=tuple(sorted(inputs)), graph_in_bytes=gin,
             produces_live=tuple(iter_bits(sg.exit_mask)),
         ))
     return edges
