@@ -97,16 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     variants = ("gpu-l2", "host", "warm")
     rows: dict[str, dict[str, list[tuple[float, float]]]] = {}
     builds: dict[str, list[float]] = {}
-    rows_done: list[str] = []
-    for label, data in cands:
+    for turn, (label, data) in enumerate(cands):
         b = tc.build(BuildInput(_fp(label), target, data))
         if not b.ok:
             print(f"{label}: build failed: {b.error}")
             continue
         prepared = tc.prepare(b, base)
         per: dict[str, tuple[float, float]] = {}
-        turn = len(rows_done)
-        rows_done.append(label)
         for v in variants[turn % 3:] + variants[:turn % 3]:
             if v == "gpu-l2":
                 flush = prepared.flush

@@ -498,22 +498,32 @@ def _should_extend(cmp: Paired, whole: bool, extend_rounds: int) -> bool:
             and cmp.ratio < 1.0 - NOISE_FLOOR)
 
 
+def _mix_run(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Target],
+             best: str, rounds: int, builder: PlanBuilder) -> VerifyResult | None:
+    """One interleaved run of the mix (as ``"mix"``) and the best single toolchain's whole
+    model, or None when either fails to run in it."""
+    from collage_farm.refine import verify
+    from runners.base import MeasureConfig
+
+    t = [x for x in targets if x.id == best]
+    v = verify(graph, {"mix": parts}, t, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
+               builder=builder)
+    return v if "mix" in v.summaries and best in v.summaries else None
+
+
 def _extend(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Target], best: str,
             rounds: int, builder: PlanBuilder, first: VerifyResult, mix: str) -> Paired | None:
     """More evidence for an undecided mix: ``rounds`` more interleaved rounds of the mix and
     the best single, paired round by round and pooled with the first run's pairs (each pair
     comes from one turn of one rotation, so pooling two runs keeps every pair clean). None
     when either fails to run, or the first run has no round medians to pool with."""
-    from collage_farm.refine import paired, verify
-    from runners.base import MeasureConfig
+    from collage_farm.refine import paired
 
     a0, b0 = first.round_medians.get(mix, ()), first.round_medians.get(best, ())
     if not a0 or not b0:
         return None
-    t = [x for x in targets if x.id == best]
-    v = verify(graph, {"mix": parts}, t, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
-               builder=builder)
-    if "mix" not in v.summaries or best not in v.summaries:
+    v = _mix_run(graph, parts, targets, best, rounds, builder)
+    if v is None:
         return None
     return paired(v.summaries["mix"], v.summaries[best],
                   (*a0, *v.round_medians.get("mix", ())), (*b0, *v.round_medians.get(best, ())),
@@ -524,15 +534,8 @@ def _confirm(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Targ
              best: str, rounds: int, builder: PlanBuilder) -> Paired | None:
     """The mix against the best single toolchain in a second interleaved run (`Paired`, mix
     first), or None when either fails to run in it."""
-    from collage_farm.refine import verify
-    from runners.base import MeasureConfig
-
-    t = [x for x in targets if x.id == best]
-    v = verify(graph, {"mix": parts}, t, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
-               builder=builder)
-    if "mix" not in v.summaries or best not in v.summaries:
-        return None
-    return v.compare("mix", best)
+    v = _mix_run(graph, parts, targets, best, rounds, builder)
+    return v.compare("mix", best) if v is not None else None
 
 
 @dataclass

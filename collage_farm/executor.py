@@ -139,10 +139,6 @@ class PartitionRuntime:
     step: Callable[[], None] | None = None
 
     @property
-    def quantised(self) -> bool:
-        return self.precision == "int8"
-
-    @property
     def on_gpu(self) -> bool:
         return self.toolchain in GPU_TOOLCHAINS
 
@@ -573,10 +569,6 @@ class PlanExecutor:
         return {n: np.array(buffers[n], copy=True) for n in self.plan.graph_outputs}
 
     @property
-    def quantised(self) -> bool:
-        return any(rt.quantised for rt in self.partitions)
-
-    @property
     def precision(self) -> str:
         """The loosest arithmetic among the partitions: what the output check tolerates."""
         return loosest([rt.precision for rt in self.partitions])
@@ -756,12 +748,11 @@ def reference_model(plan: Plan, model: str | os.PathLike | onnx.ModelProto | Non
 
 
 def compare_outputs(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], *,
-                    quantised: bool = False, precision: str | None = None) -> dict[str, float]:
+                    precision: str = "fp32") -> dict[str, float]:
     """Max abs error per output; raises `ExecutionMismatch` outside ``precision``'s tolerance.
 
-    ``precision`` is a key of `PRECISIONS` (fp32 by default; ``quantised=True`` means int8).
+    ``precision`` is a key of `PRECISIONS` (unknown names are held to fp16's tolerance).
     """
-    precision = precision or ("int8" if quantised else "fp32")
     rtol0, atol0, relative = PRECISIONS.get(precision, PRECISIONS["fp16"])
     errors: dict[str, float] = {}
     for name, r in ref.items():

@@ -117,7 +117,7 @@ def test_compare_outputs_tolerances() -> None:
     compare_outputs({"y": ref["y"] * (1 + 5e-4)}, ref)  # within fp32 rtol 1e-3
     with pytest.raises(ExecutionMismatch):
         compare_outputs({"y": ref["y"] * 1.01}, ref)
-    compare_outputs({"y": ref["y"] * 1.05}, ref, quantised=True)  # int8 tolerance
+    compare_outputs({"y": ref["y"] * 1.05}, ref, precision="int8")
     with pytest.raises(ExecutionMismatch, match="missing"):
         compare_outputs({}, ref)
     with pytest.raises(ExecutionMismatch, match="shape"):
