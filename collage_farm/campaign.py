@@ -443,9 +443,9 @@ def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyRe
 
     * ``singles_estimated_s``: each target's whole model as the search's estimator prices it
       (cost table or farm, the same path as every candidate; a missing row is measured now).
-    * ``estimated_gain_vs_best_single``: the best of those over the Dijkstra estimate, i.e.
-      how much faster than one toolchain the search *believed* its mix to be. A mix cannot be
-      expected to win by more end to end.
+    * ``estimated_gain_vs_best_single``: the best of those the pins allow over the Dijkstra
+      estimate, i.e. how much faster than one toolchain the search *believed* its mix to be.
+      A mix cannot be expected to win by more end to end.
     * ``calibration``: measured / estimated per target, from the whole models of the verify
       run. It is the drift between the campaign and the verify run plus any runner-vs-executor
       offset, both of which scale every partition on that target alike.
@@ -472,8 +472,8 @@ def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyRe
     out["singles_estimated_s"] = est_s
     d_est = dijkstra.total_s
     ok = math.isfinite(d_est) and d_est > 0
-    out["estimated_gain_vs_best_single"] = (min(est_s.values()) / d_est
-                                            if est_s and ok else None)
+    allowed = [e for tid, e in est_s.items() if tid not in v.ineligible]  # what pins allow
+    out["estimated_gain_vs_best_single"] = (min(allowed) / d_est if allowed and ok else None)
     cal = {}
     for tid, e in est_s.items():
         m = v.median(tid)
@@ -604,7 +604,7 @@ def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
         plans["refined"] = list(ref.parts)
     rounds = max(3, opts.verify_rounds)
     v = verify(graph, plans, opts.targets, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
-               builder=builder)
+               builder=builder, pins=pins)
     med = v.median
     mix, mix_result = "dijkstra", result
     if "refined" in v.summaries and not ("dijkstra" in v.summaries
@@ -619,6 +619,7 @@ def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
                         if ref.changed and med("refined") and med("dijkstra") else None),
         "verify_errors": dict(v.errors),
         "verify_rounds": rounds,
+        "singles_ineligible": dict(v.ineligible),
     })
     mix_s = med(mix)
     out_result, kept, note = mix_result, "plan", ""
@@ -630,7 +631,10 @@ def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
         note = (f"the plan failed to run or to match the model ({v.errors.get(mix, '?')}); "
                 f"the output is the whole model on {best}")
     elif best is None:
-        note = "no single toolchain ran the whole model; the plan is kept unverified against one"
+        why = ("no single toolchain that the pins allow ran the whole model ("
+               + "; ".join(v.ineligible.values()) + ")" if v.ineligible
+               else "no single toolchain ran the whole model")
+        note = f"{why}; the plan is kept unverified against one"
     else:
         cmp = v.compare(mix, best)
         whole = (len(mix_result.partitions) == 1

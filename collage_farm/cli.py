@@ -204,6 +204,8 @@ def _print_summary(s: dict) -> None:
             print(f"the search believed its mix {gain:.3f}x the best single toolchain"
                   + (f"; Dijkstra plan's additive error after per-target calibration "
                      f"{cae:+.1%}" if cae is not None else ""))
+        for t, why in (s.get("singles_ineligible") or {}).items():
+            print(f"not a fallback: {t}'s whole model ({why})")
         print(f"never worse: {s.get('never_worse', '')}")
     elif s.get("never_worse"):
         print(f"never worse: {s['never_worse']}")

@@ -565,6 +565,9 @@ class VerifyResult:
     rounds: int
     check_errors: dict[str, dict[str, float]] = field(default_factory=dict)
     round_medians: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # single -> why it may not be the output plan (pins keep a node off its target); such a
+    # whole model is still timed, for information, but never chosen as the fallback
+    ineligible: dict[str, str] = field(default_factory=dict)
 
     def median(self, name: str) -> float | None:
         s = self.summaries.get(name)
@@ -572,7 +575,8 @@ class VerifyResult:
 
     @property
     def best_single(self) -> str | None:
-        ok = [n for n in self.singles if n in self.summaries]
+        """The fastest single-target whole model that ran and that the pins allow."""
+        ok = [n for n in self.singles if n in self.summaries and n not in self.ineligible]
         return min(ok, key=lambda n: self.summaries[n].median) if ok else None
 
     def compare(self, a: str, b: str) -> Paired:
@@ -590,21 +594,30 @@ class VerifyResult:
 
 def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
            targets: Sequence[Target], *, config: MeasureConfig | None = None,
-           threads: int = 1, builder: PlanBuilder | None = None) -> VerifyResult:
+           threads: int = 1, builder: PlanBuilder | None = None,
+           pins: Any = None) -> VerifyResult:
     """Check every plan and every target's whole model, then time them all interleaved.
 
     Plans identical to another entry are timed once (aliases share the summary). A plan or
     whole model that fails to build, run or match the reference is left out with its error.
+    A whole model that ``pins`` (a `collage_farm.pins.PinSet`) forbid is timed but marked
+    `VerifyResult.ineligible`, so it is never `best_single`: the never-worse fallback must
+    still honour the user's pins.
     """
     config = config or MeasureConfig(rounds=7, min_round_s=0.05)
     builder = builder or PlanBuilder(graph, threads=threads)
     entries: dict[str, tuple[Part, ...]] = {k: tuple(v) for k, v in plans.items()}
     singles = []
+    ineligible: dict[str, str] = {}
     for t in targets:
         if t.toolchain in SIMULATED:
             continue
         entries[t.id] = (Part(graph.all_mask, t),)
         singles.append(t.id)
+        if pins:
+            banned = next((n.name for n in graph.nodes if not pins.allowed(n, t)), None)
+            if banned is not None:
+                ineligible[t.id] = f"pins keep {banned} off {t.id}"
     from collage_farm.executor import measure_interleaved_rounds
 
     fns: dict[str, Callable[[], None]] = {}
@@ -638,7 +651,7 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
         elif src in errors:
             errors[name] = errors[src]
     return VerifyResult(summaries, errors, tuple(singles), max(1, config.rounds), checks,
-                        per_round)
+                        per_round, ineligible)
 
 
 # ----------------------------------------------------------------------------------------

@@ -266,3 +266,71 @@ def test_an_undecided_move_gets_more_rounds_before_it_is_decided(
     assert calls == [3, 15, 18]  # first run, extension, confirmation as long as both
     assert [t.status for t in r.trials] == ["accepted"] and r.changed
     assert r.trials[0].ratio < 1 - r.trials[0].threshold and r.trials[0].pairs == 18
+
+
+def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
+                        ms: dict[str, float], pins: object) -> object:
+    """`post_search` on a plan that honours ``pins``, with the interleaved timings scripted
+    (``ms`` per entry; the numerical checks and builds are real)."""
+    from collage_farm import executor
+    from collage_farm.campaign import TuneOptions, post_search
+    from collage_farm.candidate import CandidatePartition
+    from collage_farm.cost import Cost
+    from collage_farm.search import PlannedPartition
+    from collage_farm.transition import AnalyticTransitionModel
+    from estimators.mock import MockEstimator
+
+    def scripted(fns, config):
+        rounds = {n: tuple(ms[n] * 1e-3 * (1 + 0.01 * (k % 3)) for k in range(config.rounds))
+                  for n in fns}
+        return executor.Interleaved(
+            {n: Summary(ms[n] * 1e-3, ms[n] * 1e-3, 0, ms[n] * 1e-3, ms[n] * 1e-3,
+                        ms[n] * 1e-3, 10, 0.0) for n in fns}, rounds)
+
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
+    plan = [Part(1 << n.index, OV if n.op_type == "MaxPool" else ORT) for n in mnist.nodes]
+    assert why_invalid(mnist, plan, pins) is None
+    result = SearchResult(tuple(PlannedPartition(CandidatePartition(SubGraph(mnist, p.mask),
+                                                                    p.target), Cost(2e-6), 1e-6)
+                                for p in plan), 3e-6 * len(plan), 1, 1, 1, 1, 0.1)
+    opts = TuneOptions(model="zoo:mnist", targets=(ORT, OV), out=None,  # type: ignore[arg-type]
+                       pins=pins, refine_trials=0, verify_rounds=3, verify_extend_rounds=0,
+                       report=False)
+    return post_search(opts, mnist, result, MockEstimator(), AnalyticTransitionModel())
+
+
+def test_never_worse_falls_back_only_to_a_single_toolchain_the_pins_allow(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user pinned MaxPool to OpenVINO; ORT's whole model is the fastest, the mix loses:
+    the written plan must be OpenVINO's whole model, not ORT's (which breaks the pin)."""
+    from collage_farm.pins import Pin, PinSet
+    from collage_farm.refine import parts_of
+
+    pins = PinSet((Pin(op="MaxPool", target="openvino-cpu"),))
+    out = _pinned_post_search(mnist, monkeypatch,
+                              {"dijkstra": 3.0, "ort-cpu": 1.0, "openvino-cpu": 2.0}, pins)
+    info = out.info  # type: ignore[attr-defined]
+    assert info["plan_is"] == "best_single" and info["best_single_target"] == "openvino-cpu"
+    assert "ort-cpu" in info["singles_ineligible"]
+    assert info["singles_measured_s"]["ort-cpu"] == pytest.approx(1e-3)  # timed, for information
+    est = info["singles_estimated_s"]  # the search's belief is against what the pins allow
+    assert info["estimated_gain_vs_best_single"] == pytest.approx(
+        est["openvino-cpu"] / (3e-6 * len(mnist.nodes)))
+    written = parts_of(out.result)  # type: ignore[attr-defined]
+    assert [p.target.id for p in written] == ["openvino-cpu"]
+    assert why_invalid(mnist, written, pins) is None
+
+
+def test_never_worse_keeps_the_plan_when_pins_allow_no_single_toolchain(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collage_farm.pins import Pin, PinSet
+    from collage_farm.refine import parts_of
+
+    pins = PinSet((Pin(op="MaxPool", target="openvino-cpu"), Pin(op="Conv", target="ort-cpu")))
+    out = _pinned_post_search(mnist, monkeypatch,
+                              {"dijkstra": 3.0, "ort-cpu": 1.0, "openvino-cpu": 2.0}, pins)
+    info = out.info  # type: ignore[attr-defined]
+    assert info["plan_is"] == "dijkstra" and info["best_single_target"] is None
+    assert set(info["singles_ineligible"]) == {"ort-cpu", "openvino-cpu"}
+    assert "pins allow" in info["never_worse"]
+    assert why_invalid(mnist, parts_of(out.result), pins) is None  # type: ignore[attr-defined]
