@@ -163,7 +163,7 @@ def run_compare(args: argparse.Namespace) -> int:
     out = {"model": graph.name, "toolchains": toolchains, **cmp.to_json()}
     if spread is not None:
         out["subgraphs"] = spread
-        if args.plot:
+        if args.plot and spread:
             out["subgraph_plot"] = str(plot_spread(
                 spread[:args.top], _spread_png(Path(args.plot)), graph.name))
     rows = [(k, v) for k, v in cmp.singles.items()]
@@ -202,19 +202,24 @@ def _spread_png(plot: Path) -> Path:
 
 def _print_spread(model: str, spread: list[dict], args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"model": model, "subgraphs": spread}
-    if args.plot:
+    if args.plot and spread:  # no empty chart: the table line below says why
         out["subgraph_plot"] = str(plot_spread(spread[:args.top], Path(args.plot), model))
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
     _spread_table(spread, args.top)
-    if args.plot:
+    if "subgraph_plot" in out:
         print(f"sub-graph plot: {out['subgraph_plot']}")
     return 0
 
 
 def _spread_table(spread: list[dict], top: int) -> None:
     targets = sorted({t for r in spread for t in r["costs_s"]})
+    if not spread:
+        print("sub-graphs measured on 2+ targets: 0: no sub-graph of this model has a cost on "
+              "two or more of the targets in this table (a table of another model, or of one "
+              "target?); no sub-graph plot")
+        return
     print(f"sub-graphs measured on 2+ targets: {len(spread)}; largest spread first "
           f"(max/min of median cost; 'x N' = repeated N times in the model)")
     print("  " + f"{'spread':>7s}  {'nodes':40s} " + " ".join(f"{t:>14s}" for t in targets))

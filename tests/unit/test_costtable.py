@@ -784,3 +784,23 @@ def test_property_appends_flushes_compacts_keep_exactly_the_rows(
             con = duckdb.connect()
             got = con.sql(f"select fingerprint from read_parquet('{d}/*.parquet')").fetchall()
             assert sorted(g[0] for g in got) == sorted(written)
+
+
+def test_compare_spread_from_a_table_of_another_model_says_so(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture
+                                                              ) -> None:
+    """`compare MODEL --cost-table T --no-whole` where T holds nothing of MODEL: a clear line,
+    exit 0, and no empty chart (it used to write one, with a matplotlib warning)."""
+    from collage_farm.cli import main
+
+    table = tmp_path / "costs"
+    write_rows(table, [row(ok_result("fp-a", target=T_ORT)), row(ok_result("fp-a", target=T_OV))])
+    png = tmp_path / "spread.png"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels" is a failure
+        rc = main(["compare", "zoo:mnist", "--targets", "ort-cpu,openvino-cpu",
+                   "--cost-table", str(table), "--no-whole", "--plot", str(png)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "sub-graphs measured on 2+ targets: 0" in out and "no sub-graph plot" in out
+    assert not png.exists()
