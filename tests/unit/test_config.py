@@ -647,3 +647,22 @@ def test_targets_list_check_marks_each_target_and_names_what_is_missing(capsys):
     assert "[here: yes]" in text
     for k in bad:
         assert f"not available here: {k}: " in text
+
+
+def test_the_readme_example_files_load_and_their_pins_bind_to_mnist() -> None:
+    """`examples/my-board.yaml` + `examples/my-app.yaml` are what the README tells users to
+    copy: they must stay valid as the schema moves, and their pins must fit a zoo model."""
+    from collage_farm import zoo
+    from collage_farm.graph import load_graph
+    from collage_farm.pins import check_pins
+
+    ex = Path(__file__).resolve().parents[2] / "examples"
+    cfg = load_config(ex / "my-board.yaml", ex / "my-app.yaml")
+    assert (cfg.system_name, cfg.app_name) == ("my-board", "my-app")
+    assert cfg.selected == ("ort-cpu", "openvino-cpu")
+    assert cfg.targets["ort-cpu"] == BUILTIN_TARGETS["ort-cpu"]  # shares the built-in costs
+    graph = load_graph(zoo.build("mnist"), name="mnist")
+    targets = cfg.resolve_targets(None)
+    check_pins(graph, targets, cfg.pin_set)  # the optional Softmax pin matches nothing: fine
+    pool = next(n for n in graph.nodes if n.op_type == "MaxPool")
+    assert [t.id for t in targets if cfg.pin_set.allowed(pool, t)] == ["openvino-cpu"]
