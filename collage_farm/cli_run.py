@@ -41,7 +41,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", action="store_true", help="write report.html into the plan dir")
     _measure_args(p)
 
-    c = sub.add_parser("compare", help="whole-model latency per toolchain, interleaved")
+    c = sub.add_parser("compare", help="whole-model latency per target, interleaved")
     c.add_argument("model", help="an ONNX file, zoo:NAME or pkg:NAME")
     c.add_argument("--targets", default="ort-cpu,openvino-cpu", help="comma-separated targets")
     c.add_argument("--plan", help="also run this plan directory in the same interleaved run")
@@ -70,6 +70,7 @@ def run_run(args: argparse.Namespace) -> int:
     from collage_farm.executor import (
         ExecutionMismatch,
         PlanExecutor,
+        Single,
         compare_interleaved,
         tolerance_label,
     )
@@ -83,7 +84,10 @@ def run_run(args: argparse.Namespace) -> int:
     except ExecutionMismatch as e:
         print(f"collage-farm run: NUMERICS MISMATCH: {e}", file=sys.stderr)
         return EXIT_MISMATCH
-    singles = [] if args.no_singles else sorted({rt.toolchain for rt in ex.partitions})
+    # each target the plan uses, whole, with that target's options (as `tune` verifies)
+    singles = [] if args.no_singles else [
+        Single(t, tc, tuple(sorted(ex.target_options(t).items())))
+        for t, tc in sorted({(rt.target, rt.toolchain) for rt in ex.partitions})]
     cmp = compare_interleaved(None if args.no_singles else ex.reference(), singles,
                               _config(args), plan=ex, threads=args.threads, multi_ep=False)
     assert cmp.plan is not None
@@ -139,7 +143,7 @@ def run_run(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     from collage_farm.campaign import load_source
-    from collage_farm.executor import PlanExecutor, compare_interleaved
+    from collage_farm.executor import PlanExecutor, Single, compare_interleaved
     from collage_farm.graph import parse_shape
     from collage_farm.target import parse_targets
 
@@ -147,6 +151,7 @@ def run_compare(args: argparse.Namespace) -> int:
     graph = load_source(args.model, shapes, args.layers)
     targets = parse_targets(args.targets)
     toolchains = [t.toolchain for t in targets]
+    singles = [Single.of(t) for t in targets]  # labelled by target, built with its options
     spread: list[dict] | None = None
     if args.cost_table:
         plan_parts = None
@@ -158,9 +163,10 @@ def run_compare(args: argparse.Namespace) -> int:
     if spread is not None and args.no_whole:
         return _print_spread(graph.name, spread, args)
     plan = PlanExecutor(args.plan, threads=args.threads, model=graph.model) if args.plan else None
-    cmp = compare_interleaved(graph.model, toolchains, _config(args), plan=plan,
+    cmp = compare_interleaved(graph.model, singles, _config(args), plan=plan,
                               threads=args.threads)
-    out = {"model": graph.name, "toolchains": toolchains, **cmp.to_json()}
+    out = {"model": graph.name, "toolchains": toolchains, "targets": [t.id for t in targets],
+           **cmp.to_json()}
     if spread is not None:
         out["subgraphs"] = spread
         if args.plot and spread:

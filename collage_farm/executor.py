@@ -65,6 +65,7 @@ __all__ = [
     "Interleaved",
     "PartitionRuntime",
     "PlanExecutor",
+    "Single",
     "Timing",
     "compare_interleaved",
     "loosest",
@@ -573,6 +574,10 @@ class PlanExecutor:
         """The loosest arithmetic among the partitions: what the output check tolerates."""
         return loosest([rt.precision for rt in self.partitions])
 
+    def target_options(self, target_id: str) -> dict[str, Any]:
+        """The options the plan records for ``target_id`` (what its partitions were built with)."""
+        return _target_options(self.plan, target_id)
+
     def reference(self) -> onnx.ModelProto:
         return reference_model(self.plan, self.model_arg, self.plan_dir, self.shapes)
 
@@ -867,9 +872,9 @@ def measure_interleaved_rounds(fns: Mapping[str, Callable[[], None]], config: Me
 
 @dataclass
 class CompareResult:
-    """One interleaved run: the plan (if any) and whole models per toolchain."""
+    """One interleaved run: the plan (if any) and whole models per target."""
 
-    singles: dict[str, float] = field(default_factory=dict)  # toolchain -> median seconds
+    singles: dict[str, float] = field(default_factory=dict)  # `Single.label` -> median seconds
     single_errors: dict[str, str] = field(default_factory=dict)
     plan: Timing | None = None
     estimated_total_s: float | None = None
@@ -962,11 +967,30 @@ def ort_multi_ep(model: str | os.PathLike | onnx.ModelProto, threads: int = 1
             f"providers {sess.get_providers()}")
 
 
+@dataclass(frozen=True)
+class Single:
+    """A whole model to time in `compare_interleaved`: shown as ``label`` (a target's name),
+    built by ``toolchain`` with ``options`` (the target's: a TensorRT fp16 variant and its
+    fp32 sibling are two singles, not one toolchain's defaults twice)."""
+
+    label: str
+    toolchain: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @staticmethod
+    def of(target: Any) -> Single:
+        """The single of a `collage_farm.target.Target`."""
+        return Single(target.id, target.toolchain, tuple(target.options))
+
+
 def compare_interleaved(model: str | os.PathLike | onnx.ModelProto | None,
-                        toolchains: Sequence[str], config: MeasureConfig | None = None, *,
-                        plan: PlanExecutor | None = None, threads: int = 1,
+                        singles: Sequence[str | Single], config: MeasureConfig | None = None,
+                        *, plan: PlanExecutor | None = None, threads: int = 1,
                         multi_ep: bool = True) -> CompareResult:
-    """Plan (optional) and whole model per toolchain, measured in one interleaved run."""
+    """Plan (optional) and whole models, measured in one interleaved run.
+
+    ``singles``: `Single` entries, or bare toolchain ids (labelled by the id, default options).
+    """
     config = config or MeasureConfig()
     res = CompareResult()
     fns: dict[str, Callable[[], None]] = {}
@@ -974,16 +998,19 @@ def compare_interleaved(model: str | os.PathLike | onnx.ModelProto | None,
     if model is None and plan is not None:
         model = plan.reference()
     if model is not None:
-        for tc in dict.fromkeys(toolchains):
-            if tc in SIMULATED_TOOLCHAINS:
-                res.single_errors[tc] = "simulated toolchain: no whole-model measurement"
+        wanted = {s.label: s for s in (x if isinstance(x, Single) else Single(x, x)
+                                        for x in singles)}
+        for label, one in wanted.items():
+            if one.toolchain in SIMULATED_TOOLCHAINS:
+                res.single_errors[label] = "simulated toolchain: no whole-model measurement"
                 continue
             try:
-                ex = single_executor(model, tc, threads=threads)
-                fns[tc] = ex.timed_callable()
+                ex = single_executor(model, one.toolchain, threads=threads,
+                                     options=dict(one.options) or None)
+                fns[label] = ex.timed_callable()
                 keep.append(ex)
             except Exception as e:
-                res.single_errors[tc] = f"{type(e).__name__}: {str(e)[:300]}"
+                res.single_errors[label] = f"{type(e).__name__}: {str(e)[:300]}"
         if multi_ep:
             ex_m, note = ort_multi_ep(model, threads)
             res.ort_multi_ep = {"applies": ex_m is not None, "note": note}

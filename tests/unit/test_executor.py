@@ -29,6 +29,7 @@ from collage_farm.refine import Part
 from collage_farm.search import PlannedPartition, SearchResult
 from collage_farm.subgraph import SubGraph
 from collage_farm.target import parse_targets
+from runners.base import MeasureConfig
 
 pytest.importorskip("openvino")
 ORT, OV = parse_targets("ort-cpu,openvino-cpu")
@@ -182,7 +183,7 @@ def test_run_cli_json_reports_measured_and_additive_error(mnist: DataflowGraph,
                 "partition_measured_s"):
         assert key in out, key
     assert out["check"]["ok"] is True
-    assert set(out["singles_s"]) == {"ort-cpu", "openvino"}
+    assert set(out["singles_s"]) == {"ort-cpu", "openvino-cpu"}  # target names, as tune
     est, meas = out["estimated_total_s"], out["plan_measured_s"]
     assert out["additive_error"] == pytest.approx((meas - est) / meas)
     best = min(out["singles_s"].values())
@@ -207,3 +208,46 @@ def test_executors_sharing_runtimes_keep_their_own_buffers(mnist: DataflowGraph)
         np.testing.assert_array_equal(ya[k], ya2[k])
         assert not np.allclose(ya[k], yb[k])
     b.check(ex_a)
+
+
+def test_run_times_each_plan_target_whole_with_its_options(mnist: DataflowGraph, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """`run`'s singles are the plan's targets, labelled as `tune` labels them and built with
+    the plan's options: a partition on an OpenVINO f16 variant is compared with OpenVINO f16
+    whole (it was OpenVINO's defaults, labelled "openvino"), and two variants of one toolchain
+    are two singles, not one."""
+    import collage_farm.executor as executor_mod
+    from collage_farm.executor import Single, compare_interleaved
+    from collage_farm.target import CPU0, Target
+
+    ov16 = Target.make("ov16", "openvino", CPU0, {"precision": "f16"})
+    parts = [Part(p.mask, ORT if p.target == ORT else ov16) for p in chunks(mnist, 2)]
+    planned = tuple(PlannedPartition(CandidatePartition(SubGraph(mnist, p.mask), p.target),
+                                     Cost(1e-5), 0.0) for p in parts)
+    result = SearchResult(planned, 1e-5 * len(parts), 0, 0, 0, 0, 0.0)
+    d = tmp_path / "plan"
+    plan = make_plan(mnist, result, [ORT, ov16], estimator="test")
+    plan.extra["source"] = "zoo:mnist"
+    write_plan(plan, mnist, result, d)
+
+    built: list[tuple[str, dict | None]] = []
+    real = executor_mod.single_executor
+
+    def spy(model, toolchain, **kw):
+        built.append((toolchain, kw.get("options")))
+        return real(model, toolchain, **kw)
+
+    monkeypatch.setattr(executor_mod, "single_executor", spy)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = main(["run", str(d), "--json", "--rounds", "2", "--min-round-s", "0.005"])
+    assert rc == 0
+    out = json.loads(buf.getvalue())
+    assert set(out["singles_s"]) == {"ort-cpu", "ov16"} and not out["single_errors"]
+    assert sorted(built, key=lambda b: b[0]) == [("openvino", {"precision": "f16"}),
+                                                 ("ort-cpu", None)]
+    built.clear()
+    res = compare_interleaved(mnist.model, [Single.of(OV), Single.of(ov16)],
+                              MeasureConfig(rounds=2, min_round_s=0.005), multi_ep=False)
+    assert set(res.singles) == {"openvino-cpu", "ov16"}  # two variants, two singles

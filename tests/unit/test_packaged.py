@@ -244,4 +244,4 @@ def test_plan_source_pkg_round_trips_through_run(tmp_path: Path) -> None:
         rc = main(["run", str(d), "--rounds", "1", "--min-round-s", "0", "--json"])
     assert rc == 0
     res = json.loads(out.getvalue())
-    assert res["check"]["ok"] and set(res["singles_s"]) == {"ort-cpu", "openvino"}
+    assert res["check"]["ok"] and set(res["singles_s"]) == {"ort-cpu", "openvino-cpu"}
