@@ -69,6 +69,7 @@ class TuneOptions:
     address: str | None = None
     allow_analytic: bool = False
     prune: bool = True
+    retry_failed: bool = False  # failed rows never answer: measure them all again
     rule_options: RuleOptions = RuleOptions()
     transition: TransitionModel | None = None
     pins: object = None  # collage_farm.pins.PinSet, when given
@@ -182,6 +183,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
             tensor_ranges_for=tensor_ranges_provider(graph, opts.targets),
             prune=opts.prune,
             strictness=opts.strictness,
+            retry="all" if opts.retry_failed else "transient",
         )
     raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
 

@@ -40,6 +40,10 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    help="deterministic fake costs (for trying the search; labelled 'mock')")
     p.add_argument("--no-prune", action="store_true",
                    help="measure every candidate (no lower-bound pruning)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="measure again every candidate the cost table records as failed "
+                   "(e.g. after fixing a toolchain); without it, only a timeout or crash "
+                   "seen once is retried")
     p.add_argument("--max-depth", type=int, default=4, help="candidate depth limit (default 4)")
     p.add_argument("--strictness", default="exact", choices=["exact", "device", "any"],
                    help="cost-table matching (see README)")
@@ -103,6 +107,7 @@ def _run_tune(args: argparse.Namespace) -> int:
         address=address,
         allow_analytic=args.allow_analytic,
         prune=not args.no_prune,
+        retry_failed=args.retry_failed,
         rule_options=rule_options or RuleOptions(max_depth=args.max_depth),
         transition=transition,
         pins=pins,

@@ -75,6 +75,14 @@ are kept and answer (``CostRow.seconds == inf``, i.e. `Cost.invalid()`) only whe
 matches, so a later success overrides an earlier crash, and a known failure is not measured
 again. Keys with no matching row are absent from the result.
 
+Two refinements. An ok row whose median is missing, NaN, infinite or negative (a hand-edited
+or foreign file) is ignored with a `CostTableWarning`, so it cannot shadow a good row. And a
+caller that can measure (``retry="transient"``, the farm estimator) passes over a ``timeout``
+or ``crashed`` row until that candidate failed so `TRANSIENT_ATTEMPTS` times: one OOM kill
+on a busy node must not make a candidate invalid for every later campaign, while a candidate
+that really crashes its toolchain is not retried for ever. ``retry="all"`` (``tune
+--retry-failed``) measures every failed candidate again, e.g. after fixing a toolchain.
+
 Schema (``schema_version`` 1; one row per measurement; nothing is pickled)
 ---------------------------------------------------------------------------
 =================  =======================  ==================================================
@@ -156,6 +164,13 @@ SCHEMA_VERSION_KEY = b"collage_farm.schema_version"
 #: Files written by `compact` carry this tag in their name (see `CostTable._snapshot`).
 COMPACT_TAG = "compacted"
 STRICTNESS = ("exact", "device", "any")
+#: which failed rows a lookup may pass over so that the candidate is measured again
+RETRY = ("none", "transient", "all")
+#: failures of the machine rather than of the candidate: a runner killed or stalled (an OOM
+#: kill on a busy node, a stuck driver) says little about the next attempt
+TRANSIENT_STATUSES = frozenset({"timeout", "crashed"})
+#: with ``retry="transient"``, a transient failure answers once it happened this many times
+TRANSIENT_ATTEMPTS = 2
 PART_SUFFIX = ".parquet"
 #: Rows per Parquet row group: DuckDB scans row groups in parallel and prunes by their stats.
 ROW_GROUP_ROWS = 128 * 1024
@@ -970,9 +985,14 @@ class CostTable:
         toolchain_version: str | Mapping[str, str] | None = None,
         strictness: str = "exact",
         mode: str | None = None,
+        retry: str = "none",
     ) -> dict[tuple[str, str], CostRow]:
         """The row each ``(fingerprint, target_key)`` should use (module docstring:
         "Lookup rule"); keys without a matching row are absent.
+
+        ``retry`` (one of `RETRY`): failed rows to pass over, leaving the key absent so that a
+        caller that can measure does so: ``"transient"`` passes over ``timeout``/``crashed``
+        rows until a key has `TRANSIENT_ATTEMPTS` of them, ``"all"`` every failed row.
 
         ``mode`` (a `MeasureConfig` mode): an ok *measured* row answers only when it was taken
         in that mode (a row without one was taken ``warm``), so a campaign measuring in-network
@@ -984,6 +1004,8 @@ class CostTable:
         want_mode = canonical_mode(mode) if mode is not None else None
         if strictness not in STRICTNESS:
             raise ValueError(f"strictness must be one of {STRICTNESS}, not {strictness!r}")
+        if retry not in RETRY:
+            raise ValueError(f"retry must be one of {RETRY}, not {retry!r}")
         wanted = {(str(f), str(k)) for f, k in keys}
         if not wanted:
             return {}
@@ -1010,6 +1032,7 @@ class CostTable:
         tk = sub["target_key"].to_pylist()
         st = sub["status"].to_pylist()
         ts = sub["created_at"].cast(pa.int64()).to_pylist()
+        med = sub["median"].to_pylist()
         dev_map = device if isinstance(device, Mapping) else None
         ver_map = toolchain_version if isinstance(toolchain_version, Mapping) else None
         dev = sub["device"].to_pylist() if dev_map is not None else None
@@ -1019,9 +1042,19 @@ class CostTable:
         modes: dict[str | None, str] = {}
         never = -(2**62)
         best: dict[tuple[str, str], tuple[tuple[bool, int, int], int]] = {}
+        transient: dict[tuple[str, str], int] = {}  # timeout/crashed rows per key
+        hard: dict[tuple[str, str], tuple[tuple[bool, int, int], int]] = {}  # newest other failure
+        bad_median = 0
         for i in range(sub.num_rows):
             key = (fp[i], tk[i])
             if key not in wanted:
+                continue
+            if st[i] == "ok":
+                m_i = med[i]
+                if m_i is None or not math.isfinite(m_i) or m_i < 0:
+                    bad_median += 1
+                    continue
+            elif retry == "all":
                 continue
             if dev_map is not None and dev is not None:
                 want = dev_map.get(tk[i])
@@ -1039,9 +1072,25 @@ class CostTable:
                 if m != want_mode:
                     continue
             rank = (st[i] == "ok", ts[i] if ts[i] is not None else never, i)
+            if st[i] in TRANSIENT_STATUSES:
+                transient[key] = transient.get(key, 0) + 1
+            elif st[i] != "ok":  # a failure of the candidate itself (unsupported, build, run)
+                cur = hard.get(key)
+                if cur is None or rank > cur[0]:
+                    hard[key] = (rank, i)
             cur = best.get(key)
             if cur is None or rank > cur[0]:
                 best[key] = (rank, i)
+        if bad_median:
+            warnings.warn(f"cost table {self.path}: {bad_median} ok row(s) with a missing, NaN, "
+                          "infinite or negative median ignored", CostTableWarning, stacklevel=2)
+        if retry == "transient":
+            for key, (_rank, i) in list(best.items()):
+                if st[i] in TRANSIENT_STATUSES and transient[key] < TRANSIENT_ATTEMPTS:
+                    if key in hard:  # it also failed for a reason of its own: that answers
+                        best[key] = hard[key]
+                    else:  # measure it again: one stall is the machine's, not the candidate's
+                        del best[key]
         if not best:
             return {}
         order = list(best)

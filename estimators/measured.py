@@ -100,7 +100,9 @@ class FarmEstimator(CostEstimator):
 
     ``table``: a cost-table directory path, a `CostTable` or a `CostTableWriter` (the
     estimator opens and closes what it creates). ``close_farm``: `close` also closes the farm
-    (the estimator then owns it, as `collage_farm.campaign` does).
+    (the estimator then owns it, as `collage_farm.campaign` does). ``retry``: which failed
+    rows are measured again instead of answering (`collage_farm.costtable.RETRY`; by default
+    a timeout or crash seen fewer than `TRANSIENT_ATTEMPTS` times).
     """
 
     label = "farm"
@@ -118,9 +120,13 @@ class FarmEstimator(CostEstimator):
         strictness: str = "exact",
         bound: CostEstimator | None = None,
         close_farm: bool = True,
+        retry: str = "transient",
     ) -> None:
-        from collage_farm.costtable import CostTable, CostTableWriter
+        from collage_farm.costtable import RETRY, CostTable, CostTableWriter
 
+        if retry not in RETRY:
+            raise ValueError(f"retry must be one of {RETRY}, not {retry!r}")
+        self.retry = retry
         self.farm = farm
         self.campaign_id = campaign_id
         self.model = model
@@ -243,7 +249,8 @@ class FarmEstimator(CostEstimator):
         devices, versions = self._lookup_keys(cands)
         keys = [(fp, c.target.measure_key) for fp, c in cands.items()]
         hits = self.table.lookup(keys, device=devices, toolchain_version=versions,
-                                 strictness=self.strictness, mode=self.config.measure_mode)
+                                 strictness=self.strictness, mode=self.config.measure_mode,
+                                 retry=self.retry)
         for (fp, _key), row in hits.items():
             self._memo[fp] = row.cost
             self._cache_hits += 1

@@ -804,3 +804,53 @@ def test_compare_spread_from_a_table_of_another_model_says_so(tmp_path: Path,
     out = capsys.readouterr().out
     assert "sub-graphs measured on 2+ targets: 0" in out and "no sub-graph plot" in out
     assert not png.exists()
+
+
+def test_lookup_retries_a_transient_failure_once_and_failed_rows_on_request(
+        tmp_path: Path) -> None:
+    """A candidate that timed out or crashed once (a busy node's OOM kill) is measured again
+    by a campaign that can measure; twice, it is the candidate's fault and answers invalid.
+    A build failure answers as before, unless the user asks to retry everything."""
+    d = tmp_path / "t"
+    k = T_ORT.measure_key
+    write_rows(d, [
+        row(failed_result("once", status=Status.CRASHED), at=1),
+        row(failed_result("twice", status=Status.TIMEOUT), at=1),
+        row(failed_result("twice", status=Status.CRASHED), at=2),
+        row(failed_result("hard"), at=1),  # build_failed
+        row(failed_result("hard-then-crash"), at=1),
+        row(failed_result("hard-then-crash", status=Status.CRASHED), at=2),
+        row(ok_result("ok-then-crash", 2e-3), at=1),
+        row(failed_result("ok-then-crash", status=Status.CRASHED), at=2),
+    ])
+    keys = [(f, k) for f in ("once", "twice", "hard", "hard-then-crash", "ok-then-crash")]
+    t = CostTable(d)
+    none = t.lookup(keys, DEV_A.describe(), "1.0")
+    assert set(none) == {f for f in keys} and none["once", k].status == "crashed"  # offline
+    tr = t.lookup(keys, DEV_A.describe(), "1.0", retry="transient")
+    assert ("once", k) not in tr  # measured again
+    assert tr["twice", k].status == "crashed" and tr["twice", k].cost.is_invalid
+    assert tr["hard", k].status == "build_failed"
+    assert tr["hard-then-crash", k].status == "build_failed"
+    assert tr["ok-then-crash", k].ok
+    every = t.lookup(keys, DEV_A.describe(), "1.0", retry="all")
+    assert set(every) == {("ok-then-crash", k)}
+    with pytest.raises(ValueError, match="retry"):
+        t.lookup(keys, retry="sometimes")
+
+
+def test_lookup_ignores_ok_rows_with_an_impossible_median(tmp_path: Path) -> None:
+    """A hand-edited or foreign row (status ok, median NaN/inf/negative/null) must not shadow
+    the good row under it; it is ignored with a warning."""
+    d = tmp_path / "t"
+    k = T_ORT.measure_key
+    bad = []
+    for n, m in enumerate((float("nan"), float("inf"), -1e-3, None)):
+        r = row(ok_result(f"fp{n}", 1e-3), at=5)
+        r["median"] = m
+        bad.append(r)
+    good = [row(ok_result(f"fp{n}", 2e-3), at=1) for n in range(4)]
+    write_rows(d, good + bad)
+    with pytest.warns(CostTableWarning, match="4 ok row"):
+        got = CostTable(d).lookup([(f"fp{n}", k) for n in range(4)], DEV_A.describe(), "1.0")
+    assert all(got[f"fp{n}", k].seconds == pytest.approx(2e-3) for n in range(4))
