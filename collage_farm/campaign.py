@@ -170,6 +170,9 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
 
         table = campaign_table(opts)
         assert table is not None
+        from collage_farm.costtable import check_writable
+
+        check_writable(table)  # before Ray starts: an unwritable table costs no measurements
         farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
                           num_cpus=opts.num_cpus)
         from runners.base import CANDIDATE_MODE, MeasureConfig

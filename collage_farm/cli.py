@@ -308,6 +308,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [ModelError, PlanError, NoCoverError, UnknownTargetError,
                                        _UserError, FileNotFoundError]
     for mod, name in (("collage_farm.config", "ConfigError"),
+                      ("collage_farm.costtable", "CostTableError"),
                       ("estimators.table", "MissingCostsError")):
         with contextlib.suppress(ImportError, AttributeError):
             errs.append(getattr(__import__(mod, fromlist=[name]), name))

@@ -191,6 +191,52 @@ class CostTableWarning(UserWarning):
     """A part file was skipped (corrupt, truncated or not a cost-table file)."""
 
 
+class CostTableError(RuntimeError):
+    """A cost table cannot be used: not a directory, not writable, a write that failed.
+
+    The message names the directory and the reason; where rows could not be written it also
+    names the rescue file that holds them (`CostTableWriter.close`).
+    """
+
+
+def check_writable(directory: str | os.PathLike[str]) -> Path:
+    """Create ``directory`` if needed and prove that part files can be staged and renamed into
+    it; raise `CostTableError` if not. A campaign calls this before it measures anything, so a
+    read-only or misplaced table costs a second, not the measurements."""
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CostTableError(f"cost table {d}: exists and is not a directory") from None
+    except OSError as e:
+        raise CostTableError(f"cost table {d}: cannot create it ({e.strerror or e})") from None
+    if not d.is_dir():
+        raise CostTableError(f"cost table {d}: exists and is not a directory")
+    tmp = _staged_path(d)
+    probe = d / f".write-probe-{uuid.uuid4().hex}.tmp"  # not a part name: readers skip it
+    try:
+        tmp.write_bytes(b"")
+        os.replace(tmp, probe)
+    except OSError as e:
+        raise CostTableError(f"cost table {d}: cannot write part files into it "
+                             f"({e.strerror or e}); fix its permissions or choose another "
+                             "--cost-table") from None
+    finally:
+        for f in (tmp, probe):
+            with contextlib.suppress(OSError):
+                f.unlink()
+    return d
+
+
+def rescue_dir() -> Path:
+    """Where rows go that could not be written to their table (``$COLLAGE_FARM_RESCUE_DIR``,
+    else ``<tmp>/collage-farm-rescue``)."""
+    import tempfile
+
+    return Path(os.environ.get("COLLAGE_FARM_RESCUE_DIR")
+                or Path(tempfile.gettempdir()) / "collage-farm-rescue")
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of the cost table: name, Arrow type, Markdown type label, meaning."""
@@ -703,7 +749,13 @@ class CostTableWriter:
             return path
 
     def close(self) -> None:
-        """Stop the timer and flush what is left (raises if that final flush fails)."""
+        """Stop the timer and flush what is left.
+
+        If that final flush fails (a read-only or full disk, a directory removed under us), the
+        rows are not dropped: they are written as a part file under `rescue_dir` and
+        `CostTableError` names it (move it into the table to keep them); only if that fails
+        too does the original error propagate.
+        """
         if self._closed:
             return
         self._closed = True
@@ -711,8 +763,24 @@ class CostTableWriter:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         atexit.unregister(self._atexit)
-        if os.getpid() == self._pid:
+        if os.getpid() != self._pid:
+            return
+        try:
             self.flush()
+        except Exception as e:
+            with self._lock:
+                rows, self._buf, self._oldest = self._buf, [], None
+            try:
+                saved = write_part(rescue_dir(), rows_to_table(rows), tag=self._tag,
+                                   compression=self.compression, durable=self.durable)
+            except Exception:
+                with self._lock:
+                    self._buf[:0] = rows
+                raise e from None
+            raise CostTableError(
+                f"cost table {self.path}: could not write {len(rows)} row(s) "
+                f"({type(e).__name__}: {e}); they are saved in {saved}: move that file into "
+                "the table directory to keep them") from e
 
     def __enter__(self) -> CostTableWriter:
         return self

@@ -854,3 +854,48 @@ def test_lookup_ignores_ok_rows_with_an_impossible_median(tmp_path: Path) -> Non
     with pytest.warns(CostTableWarning, match="4 ok row"):
         got = CostTable(d).lookup([(f"fp{n}", k) for n in range(4)], DEV_A.describe(), "1.0")
     assert all(got[f"fp{n}", k].seconds == pytest.approx(2e-3) for n in range(4))
+
+
+def test_an_unusable_table_is_refused_before_any_measurement(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture
+                                                             ) -> None:
+    """A measured campaign whose --cost-table cannot take part files stops at once with one
+    line (it used to measure everything, then die in a traceback losing the rows)."""
+    from collage_farm.cli import main
+    from collage_farm.costtable import CostTableError, check_writable
+
+    a_file = tmp_path / "costs"
+    a_file.write_text("not a table")
+    with pytest.raises(CostTableError, match="not a directory"):
+        check_writable(a_file)
+    with pytest.raises(CostTableError, match="cannot create"):
+        check_writable(a_file / "sub")
+    assert check_writable(tmp_path / "new" / "costs").is_dir()
+    assert not any((tmp_path / "new" / "costs").iterdir())  # the probe leaves nothing
+    t0 = time.perf_counter()
+    rc = main(["tune", "zoo:mnist", "--targets", "ort-cpu", "--out", str(tmp_path / "o"),
+               "--cost-table", str(a_file)])
+    assert rc == 2 and time.perf_counter() - t0 < 30  # no Ray start, nothing measured
+    err = capsys.readouterr().err
+    assert "cost table" in err and "not a directory" in err and "Traceback" not in err
+
+
+def test_rows_that_cannot_be_written_are_rescued_not_lost(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    from collage_farm.costtable import CostTableError
+
+    monkeypatch.setenv("COLLAGE_FARM_RESCUE_DIR", str(tmp_path / "rescue"))
+    d = tmp_path / "t"
+    w = CostTableWriter(d, background=False)
+    w.extend(simple_rows(3))
+    d.rmdir()
+    d.write_text("the table directory was replaced by a file")  # every flush now fails
+    with pytest.raises(CostTableError, match="could not write 3 row") as got:
+        w.close()
+    saved = Path(str(got.value).split("saved in ")[1].split(":")[0])
+    assert saved.parent == tmp_path / "rescue" and saved.exists()
+    d.unlink()
+    d.mkdir()
+    saved.rename(d / saved.name)  # what the message tells the user to do
+    assert fingerprints(CostTable(d).read()) == ["fp0", "fp1", "fp2"]
