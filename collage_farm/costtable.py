@@ -857,6 +857,19 @@ class _Snapshot:
 _CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 
 
+def _same_kind(t: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a column of type ``t`` holds what ``want`` means (a width or encoding apart)."""
+    pt = pa.types
+    for test in (pt.is_integer, pt.is_floating, pt.is_timestamp):
+        if test(want):
+            return bool(test(t))
+    if pt.is_string(want) or pt.is_large_string(want):
+        return bool(pt.is_string(t) or pt.is_large_string(t))
+    if pt.is_list(want) and (pt.is_list(t) or pt.is_large_list(t)):
+        return t.value_type == want.value_type or _same_kind(t.value_type, want.value_type)
+    return False
+
+
 def _read_part(path: Path, full: bool = True) -> _Part:
     """Parse and check one part file; ``full=False`` reads only its footer (for DuckDB)."""
     # Open first: once open, the file stays readable even if a compaction unlinks it.
@@ -872,11 +885,13 @@ def _read_part(path: Path, full: bool = True) -> _Part:
     try:
         if table is not None:
             table = table.select(list(NAMES)).cast(SCHEMA)
-        else:  # castable types? (an empty array casts iff the types are compatible)
+        else:  # footer only: the types must be the same kind (an empty array casts from
+            # string to double happily, and DuckDB then unions every column as VARCHAR)
             for c in COLUMNS:
                 t = schema.field(c.name).type
-                if t != c.type:
-                    pa.array([], t).cast(c.type)
+                if t != c.type and not _same_kind(t, c.type):
+                    raise _ForeignFileError(f"not a cost-table file: column {c.name!r} is {t}, "
+                                            f"not {c.type}")
     except _CAST_ERRORS as e:
         raise _ForeignFileError(f"not a cost-table file: column types do not match ({e})") from e
     meta = schema.metadata or {}
