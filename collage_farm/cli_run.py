@@ -74,7 +74,8 @@ def run_run(args: argparse.Namespace) -> int:
         compare_interleaved,
         tolerance_label,
     )
-    from collage_farm.graph import parse_shape
+    from collage_farm.graph import ModelError, parse_shape
+    from collage_farm.plan import PlanError
 
     shapes = dict(parse_shape(s) for s in args.shape)
     ex = PlanExecutor(args.plan_dir, threads=args.threads, model=args.model, shapes=shapes)
@@ -84,6 +85,13 @@ def run_run(args: argparse.Namespace) -> int:
     except ExecutionMismatch as e:
         print(f"collage-farm run: NUMERICS MISMATCH: {e}", file=sys.stderr)
         return EXIT_MISMATCH
+    except (PlanError, ModelError):
+        raise
+    except Exception as e:  # the plan's files do not fit the model they claim to come from
+        why = " ".join(str(e).split())
+        raise PlanError(f"plan {args.plan_dir} does not run against its original model "
+                        f"({type(e).__name__}: {why[:300]}); a partition file swapped or "
+                        "edited, or --model/--shape of another model?") from None
     # each target the plan uses, whole, with that target's options (as `tune` verifies)
     singles = [] if args.no_singles else [
         Single(t, tc, tuple(sorted(ex.target_options(t).items())))

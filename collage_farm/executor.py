@@ -462,13 +462,31 @@ class PlanExecutor:
         self.model_arg = model
         self.shapes = dict(shapes or {})
         self.partitions: list[PartitionRuntime] = []
+        if not self.plan.partitions:
+            raise PlanError(f"plan {self.plan_dir}: no partitions")
         for p in self.plan.partitions:
-            data = self.files[p.id].read_bytes()
+            f = self.files[p.id]
+            try:
+                data = f.read_bytes()
+            except OSError as e:
+                raise PlanError(f"partition {p.id}: cannot read {f} "
+                                f"({e.strerror or e})") from None
             tc = p.toolchain or _toolchain_of_target(self.plan, p.target)
-            self.partitions.append(make_runtime(
-                p.id, p.target, tc, data, p.inputs, p.outputs, p.estimated_s,
-                _target_options(self.plan, p.target), threads))
-        self._input_specs = _input_specs(self.files.values(), self.plan.graph_inputs)
+            try:
+                self.partitions.append(make_runtime(
+                    p.id, p.target, tc, data, p.inputs, p.outputs, p.estimated_s,
+                    _target_options(self.plan, p.target), threads))
+            except PlanError:
+                raise
+            except Exception as e:  # a corrupt or swapped file: the toolchain's own words
+                why = " ".join(str(e).split())  # OpenVINO's errors span lines
+                raise PlanError(f"partition {p.id}: {f.name} does not load on {tc} "
+                                f"({type(e).__name__}: {why[:300]})") from None
+        try:
+            self._input_specs = _input_specs(self.files.values(), self.plan.graph_inputs)
+        except Exception as e:
+            raise PlanError(f"plan {self.plan_dir}: its graph inputs are not read by its "
+                            f"partition files ({type(e).__name__}: {str(e)[:200]})") from None
         self._buffers: dict[str, Any] | None = None
         self._shapes_bound: dict[str, tuple[int, ...]] = {}
         self._keep: list[Any] = []
@@ -717,6 +735,15 @@ def _input_specs_model(model: onnx.ModelProto, graph_inputs: Sequence[str]
     return out
 
 
+def _load_model_file(path: Path) -> onnx.ModelProto:
+    """``onnx.load`` with its failures as `PlanError` naming the file."""
+    try:
+        return onnx.load(str(path), load_external_data=True)
+    except Exception as e:  # DecodeError, OSError, missing external data, ...
+        raise PlanError(f"the original model {path} is not a readable ONNX model "
+                        f"({type(e).__name__}: {str(e)[:200]})") from None
+
+
 def reference_model(plan: Plan, model: str | os.PathLike | onnx.ModelProto | None,
                     plan_dir: Path | None = None,
                     shapes: Mapping[str, Sequence[int]] | None = None) -> onnx.ModelProto:
@@ -730,7 +757,7 @@ def reference_model(plan: Plan, model: str | os.PathLike | onnx.ModelProto | Non
     if isinstance(model, onnx.ModelProto):
         return model
     if model is not None:
-        return onnx.load(str(model), load_external_data=True)
+        return _load_model_file(Path(model))
     source = str(plan.extra.get("source") or "")
     if source.startswith("zoo:"):
         from collage_farm import zoo
@@ -747,7 +774,7 @@ def reference_model(plan: Plan, model: str | os.PathLike | onnx.ModelProto | Non
         if not p.is_absolute() and plan_dir is not None and not p.exists():
             p = plan_dir / p
         if p.exists():
-            return onnx.load(str(p), load_external_data=True)
+            return _load_model_file(p)
     raise PlanError(f"plan {plan.model!r}: the original model is unknown (source "
                     f"{source!r} not found); pass it explicitly (--model FILE)")
 

@@ -181,6 +181,8 @@ def resolve_inside(root: Path, rel: str) -> Path:
     """``root/rel`` if it stays inside ``root`` (no absolute paths, no '..' escapes)."""
     if os.path.isabs(rel):
         raise PlanError(f"partition file {rel!r} is an absolute path; plans use relative paths")
+    if "\0" in rel:
+        raise PlanError(f"partition file {rel!r} contains a NUL byte")
     base = root.resolve()
     p = (base / rel).resolve()
     if p != base and base not in p.parents:
@@ -197,7 +199,7 @@ def load_plan(plan_dir: str | Path) -> tuple[Plan, dict[str, Path]]:
         raise PlanError(f"{pj}: no plan.json")
     try:
         d = json.loads(pj.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PlanError(f"{pj}: not valid JSON ({e})") from None
     try:
         parts = tuple(

@@ -377,7 +377,85 @@ def _cli_cases(root: Path) -> dict[str, CliCase]:
          "ort-cpu", "--out", str(out)), r"missing|no cost", out, one_line=False)
     cases["costs:missing_dir"] = CliCase(("costs", "show", str(root / "tables" / "absent")),
                                          r"cost table directory not found")
+    # plan directories for `run`: exit 2 and one line (exit 1 means a numerics mismatch)
+    for name, (d, extra, message) in _bad_plans(root / "plans").items():
+        cases[f"plan:{name}"] = CliCase(("run", str(d), *extra, "--no-singles", "--rounds",
+                                         "1", "--min-round-s", "0"), message)
     return cases
+
+
+def _good_plan(d: Path) -> Path:
+    """A real two-partition mnist plan (ORT CPU, then OpenVINO) written by `write_plan`."""
+    import json as _json
+
+    from collage_farm import zoo
+    from collage_farm.candidate import CandidatePartition
+    from collage_farm.cost import Cost
+    from collage_farm.plan import make_plan, write_plan
+    from collage_farm.search import PlannedPartition, SearchResult
+    from collage_farm.subgraph import SubGraph
+    from collage_farm.target import parse_targets
+
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    ort, ov = parse_targets("ort-cpu,openvino-cpu")
+    half = len(g.nodes) // 2
+    masks = [(1 << half) - 1, g.all_mask & ~((1 << half) - 1)]
+    planned = tuple(PlannedPartition(CandidatePartition(SubGraph(g, m), t), Cost(1e-5), 0.0)
+                    for m, t in zip(masks, (ort, ov)))
+    result = SearchResult(planned, 2e-5, 0, 0, 0, 0, 0.0)
+    plan = make_plan(g, result, [ort, ov], estimator="test")
+    plan.extra["source"] = "zoo:mnist"
+    write_plan(plan, g, result, d)
+    assert len(_json.loads((d / "plan.json").read_text())["partitions"]) == 2
+    return d
+
+
+def _bad_plans(root: Path) -> dict[str, tuple[Path, tuple[str, ...], str]]:
+    """name -> (plan dir, extra `run` args, the error line's regex): plans broken the ways
+    a user's copy breaks (an editor, a disk, a hand-made swap)."""
+    import json as _json
+
+    good = _good_plan(root / "good")
+
+    def variant(name: str, edit: Callable[[dict, Path], None]) -> Path:
+        d = root / name
+        shutil.copytree(good, d)
+        pj = d / "plan.json"
+        doc = _json.loads(pj.read_text())
+        edit(doc, d)
+        pj.write_text(_json.dumps(doc))
+        return d
+
+    def files(doc: dict) -> list[dict]:
+        return doc["partitions"]
+
+    def swap(doc: dict, d: Path) -> None:
+        a, b = files(doc)
+        a["file"], b["file"] = b["file"], a["file"]
+
+    def corrupt(doc: dict, d: Path) -> None:
+        f = d / files(doc)[1]["file"]
+        f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 3])
+
+    binary = root / "binary_json"
+    shutil.copytree(good, binary)
+    (binary / "plan.json").write_bytes(b"\xb5\x00\xff plan")
+    garbage = root / "garbage.onnx"
+    garbage.write_bytes(b"\x08\x07garbage, not a model")
+    return {
+        "binary_json": (binary, (), r"not valid JSON"),
+        "nul_path": (variant("nul_path", lambda doc, d: files(doc)[0].update(
+            file="partitions/a\x00b.onnx")), (), r"NUL byte"),
+        "dir_path": (variant("dir_path", lambda doc, d: files(doc)[0].update(
+            file="partitions")), (), r"cannot read .*partitions"),
+        "corrupt_partition": (variant("corrupt_partition", corrupt), (),
+                              r"p001: .* does not load on openvino"),
+        "no_partitions": (variant("no_partitions", lambda doc, d: doc.update(partitions=[])),
+                          (), r"no partitions"),
+        "swapped_files": (variant("swapped_files", swap), (),
+                          r"does not run against its original model"),
+        "garbage_model": (good, ("--model", str(garbage)), r"not a readable ONNX model"),
+    }
 
 
 def _run(argv: tuple[str, ...], console: bool = False) -> CliResult:
@@ -435,7 +513,9 @@ def _cli_case_ids() -> list[str]:
         "shape:wrong_rank", "shape:conflicts_with_fixed_dim", "args:max_depth_zero",
         "args:offline_without_table", "out:earlier_plan_untouched", "cluster:typo",
         "cluster:malformed", "cluster:missing", "costs:offline_bad_files",
-        "costs:missing_dir"])
+        "costs:missing_dir"] + [f"plan:{n}" for n in (
+            "binary_json", "nul_path", "dir_path", "corrupt_partition", "no_partitions",
+            "swapped_files", "garbage_model")])
 
 
 @pytest.mark.parametrize("key", _cli_case_ids())
