@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -247,11 +248,26 @@ def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
     return WithCutCosts(transition, cc.cuts), cc.to_json()
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` must be a directory or creatable as one (found after a campaign, it cost the
+    campaign; the measured rows were safe in the table, the user's time was not)."""
+    from collage_farm.plan import PlanError
+
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise PlanError(f"--out {out}: {p} exists and is not a directory")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise PlanError(f"--out {out}: {p} is not writable")
+            return
+
+
 def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     """Run phases 1-4; write the plan to ``opts.out``; return the summary."""
     t_start = time.perf_counter()
     campaign_id = opts.campaign_id or uuid.uuid4().hex[:12]
     opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
+    _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
     graph = load_source(opts.model, opts.shapes, opts.layers)
     t_loaded = time.perf_counter()
 

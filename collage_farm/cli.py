@@ -305,10 +305,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from collage_farm.search import NoCoverError
     from collage_farm.target import UnknownTargetError
 
+    # path problems are the user's to fix, and their message names the path
     errs: list[type[BaseException]] = [ModelError, PlanError, NoCoverError, UnknownTargetError,
-                                       _UserError, FileNotFoundError]
+                                       _UserError, FileNotFoundError, NotADirectoryError,
+                                       IsADirectoryError, FileExistsError, PermissionError]
     for mod, name in (("collage_farm.config", "ConfigError"),
                       ("collage_farm.costtable", "CostTableError"),
+                      ("collage_farm.farm", "FarmError"),
                       ("estimators.table", "MissingCostsError")):
         with contextlib.suppress(ImportError, AttributeError):
             errs.append(getattr(__import__(mod, fromlist=[name]), name))

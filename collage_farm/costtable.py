@@ -200,10 +200,13 @@ class CostTableError(RuntimeError):
 
 
 def check_writable(directory: str | os.PathLike[str]) -> Path:
-    """Create ``directory`` if needed and prove that part files can be staged and renamed into
-    it; raise `CostTableError` if not. A campaign calls this before it measures anything, so a
-    read-only or misplaced table costs a second, not the measurements."""
+    """Prove that part files can be staged and renamed into ``directory``; raise
+    `CostTableError` if not. A campaign calls this before it measures anything, so a
+    read-only or misplaced table costs a second, not the measurements. Directories it had to
+    create for the probe are removed again (the writer creates them when it has rows)."""
     d = Path(directory)
+    stage = d.parent / f"{d.name}.staging"
+    created = [p for p in (stage, d, *d.parents) if not p.exists()]  # removed after the probe
     try:
         d.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -225,6 +228,9 @@ def check_writable(directory: str | os.PathLike[str]) -> Path:
         for f in (tmp, probe):
             with contextlib.suppress(OSError):
                 f.unlink()
+        for p in sorted(created, key=lambda x: len(x.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                p.rmdir()  # a failing campaign leaves no empty directories behind
     return d
 
 
@@ -949,6 +955,9 @@ class CostTable:
             entries = list(os.scandir(self.path))
         except FileNotFoundError:
             return {}
+        except OSError as e:  # unreadable, or not a directory
+            raise CostTableError(f"cost table {self.path}: cannot list it "
+                                 f"({e.strerror or e})") from None
         out: dict[str, os.stat_result] = {}
         for e in entries:
             if not _is_part(e.name):

@@ -796,8 +796,14 @@ def connect(
     env = dict(runtime_env) if runtime_env else None
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        ray.init(address=address, namespace=namespace, runtime_env=env,
-                 logging_level=logging.WARNING)
+        try:
+            ray.init(address=address, namespace=namespace, runtime_env=env,
+                     logging_level=logging.WARNING)
+        except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
+            why = " ".join(str(e).split())[:300]
+            raise FarmError(f"cannot join the Ray cluster at {address!r}: "
+                            f"{type(e).__name__}: {why} (is it running? `ray status` there; "
+                            "ray://HOST:10001 or HOST:6379)") from None
         started = False
     else:
         kinds = toolchain_kinds(toolchains).values()

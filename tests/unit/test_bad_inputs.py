@@ -377,6 +377,19 @@ def _cli_cases(root: Path) -> dict[str, CliCase]:
          "ort-cpu", "--out", str(out)), r"missing|no cost", out, one_line=False)
     cases["costs:missing_dir"] = CliCase(("costs", "show", str(root / "tables" / "absent")),
                                          r"cost table directory not found")
+    # where the campaign's results go: refused before anything is measured
+    a_file = root / "out" / "a_file"
+    a_file.write_text("not a directory")
+    cases["out:is_a_file"] = CliCase(("tune", "zoo:mnist", "--mock", "--out", str(a_file)),
+                                     r"exists and is not a directory")
+    out = root / "out" / "table:is_a_file"
+    cases["table:is_a_file"] = CliCase(
+        ("tune", "zoo:mnist", "--targets", "ort-cpu", "--cost-table", str(a_file), "--out",
+         str(out)), r"cost table .* not a directory", out)
+    out = root / "out" / "ray:bad_address"
+    cases["ray:bad_address"] = CliCase(
+        ("tune", "zoo:mnist", "--targets", "ort-cpu", "--address", "no-such-format", "--out",
+         str(out)), r"cannot join the Ray cluster at 'no-such-format'", out)
     # plan directories for `run`: exit 2 and one line (exit 1 means a numerics mismatch)
     for name, (d, extra, message) in _bad_plans(root / "plans").items():
         cases[f"plan:{name}"] = CliCase(("run", str(d), *extra, "--no-singles", "--rounds",
@@ -471,7 +484,8 @@ def _run(argv: tuple[str, ...], console: bool = False) -> CliResult:
 #: run in a fresh interpreter each (one per kind of input); the rest run through `main()` here
 SUBPROCESS_CASES = ("model:truncated", "model:over_2gib_external_data", "config:malformed_yaml",
                     "shape:not_integers", "args:offline_without_table", "cluster:typo",
-                    "costs:offline_bad_files", "out:earlier_plan_untouched")
+                    "costs:offline_bad_files", "out:earlier_plan_untouched",
+                    "ray:bad_address")  # a failed ray.init must not touch this process
 
 
 def _run_here(argv: tuple[str, ...]) -> CliResult:
@@ -513,7 +527,8 @@ def _cli_case_ids() -> list[str]:
         "shape:wrong_rank", "shape:conflicts_with_fixed_dim", "args:max_depth_zero",
         "args:offline_without_table", "out:earlier_plan_untouched", "cluster:typo",
         "cluster:malformed", "cluster:missing", "costs:offline_bad_files",
-        "costs:missing_dir"] + [f"plan:{n}" for n in (
+        "costs:missing_dir", "out:is_a_file", "table:is_a_file", "ray:bad_address"] + [
+        f"plan:{n}" for n in (
             "binary_json", "nul_path", "dir_path", "corrupt_partition", "no_partitions",
             "swapped_files", "garbage_model")])
 

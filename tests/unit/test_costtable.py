@@ -871,8 +871,11 @@ def test_an_unusable_table_is_refused_before_any_measurement(tmp_path: Path,
         check_writable(a_file)
     with pytest.raises(CostTableError, match="cannot create"):
         check_writable(a_file / "sub")
-    assert check_writable(tmp_path / "new" / "costs").is_dir()
-    assert not any((tmp_path / "new" / "costs").iterdir())  # the probe leaves nothing
+    check_writable(tmp_path / "new" / "costs")
+    assert not (tmp_path / "new").exists()  # the probe leaves nothing behind
+    (tmp_path / "old").mkdir()
+    check_writable(tmp_path / "old")
+    assert (tmp_path / "old").is_dir() and not any((tmp_path / "old").iterdir())
     t0 = time.perf_counter()
     rc = main(["tune", "zoo:mnist", "--targets", "ort-cpu", "--out", str(tmp_path / "o"),
                "--cost-table", str(a_file)])
