@@ -45,7 +45,7 @@ from collage_farm.candidate import CandidatePartition
 from collage_farm.graph import DataflowGraph, ModelError, load_graph
 from collage_farm.plan import make_plan, write_plan
 from collage_farm.rules import PartitionSpec, RuleOptions, all_candidates, default_spec
-from collage_farm.search import SearchResult, search
+from collage_farm.search import NoCoverError, SearchResult, search
 from collage_farm.target import Target
 from collage_farm.transition import AnalyticTransitionModel, TransitionModel
 from estimators.base import CostEstimator
@@ -248,6 +248,22 @@ def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
     return WithCutCosts(transition, cc.cuts), cc.to_json()
 
 
+def _with_reasons(e: NoCoverError, candidates: Sequence[CandidatePartition],
+                  est: CostEstimator) -> NoCoverError:
+    """``e`` with what the estimator knows of why the candidates at its node failed: the
+    runner's own words (a crash, a type error, no runner for a target), one per target."""
+    seen: dict[str, str] = {}
+    for c in candidates:
+        if e.node is None or e.node not in c.node_names or c.target.id in seen:
+            continue
+        why = est.why_invalid(c)
+        if why:
+            seen[c.target.id] = f"{c.target.id}: {' '.join(why.split())[:160]}"
+    if not seen:
+        return e
+    return NoCoverError(f"{e}; e.g. {'; '.join(seen.values())}", e.node)
+
+
 def _check_out(out: Path) -> None:
     """``--out`` must be a directory or creatable as one (found after a campaign, it cost the
     campaign; the measured rows were safe in the table, the user's time was not)."""
@@ -292,7 +308,10 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     post: PostSearch | None = None
     try:
         lazy = bool(opts.prune and est.has_lower_bound)
-        result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
+        try:
+            result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
+        except NoCoverError as e:
+            raise _with_reasons(e, candidates, est) from None
         first_estimate_s, first_search_s = result.total_s, result.search_s
         measured = est.label == "farm"  # costs measured on runners, not mock/table/analytic
         confirm_info: dict | None = None

@@ -175,8 +175,14 @@ def _print_summary(s: dict) -> None:
     warn = "  (MOCK COSTS: not measurements)" if est == "mock" else ""
     print(f"model {s['model']}: {s['nodes']} nodes, {s['candidates']} candidates, "
           f"{s['distinct_fingerprints']} distinct fingerprints")
+    by = s.get("failed_by_status") or {}
     print(f"costs from {est}{warn}: {s['measured']} measured, {s['cache_hits']} cache hits, "
-          f"{s['pruned']} pruned, {s['failed']} failed")
+          f"{s['pruned']} pruned, {s['failed']} failed"
+          + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(by.items()))})" if by else ""))
+    if by.get("no_runner"):
+        print(f"warning: {by['no_runner']} candidates had no runner on this cluster (a target "
+              "whose device or toolchain no node offers: `collage-farm targets list --check`); "
+              "the plan leaves those targets out")
     per = ", ".join(f"{k}: {v}" for k, v in s["partitions_per_target"].items())
     print(f"plan: {s['partitions']} partitions ({per}); estimated "
           f"{s['estimated_total_s'] * 1e3:.3f} ms{warn}")

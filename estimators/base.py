@@ -72,6 +72,12 @@ class CostEstimator(abc.ABC):
         earlier campaign whose table row says so), so confirming it again adds nothing."""
         return False
 
+    def why_invalid(self, candidate: CandidatePartition) -> str | None:
+        """Why the candidate's cost is invalid (``"crashed: worker ... SIGSEGV"``), when this
+        estimator knows (a failed measurement or table row); None otherwise. Used to say why
+        no plan covers a node, instead of guessing."""
+        return None
+
     def stats(self) -> EstimatorStats:
         return EstimatorStats()
 

@@ -155,6 +155,7 @@ class FarmEstimator(CostEstimator):
         self._failed: dict[str, int] = {}
         self._lb_asked: set[str] = set()
         self._confirmed: set[str] = set()  # fingerprints whose cost is a re-measurement
+        self._why: dict[str, str] = {}  # fingerprint -> "status: error" of a failure
         self._closed = False
 
     # --- CostEstimator -------------------------------------------------------------------
@@ -262,6 +263,7 @@ class FarmEstimator(CostEstimator):
                     pass
             if not row.ok:
                 self._failed[row.status] = self._failed.get(row.status, 0) + 1
+                self._why[fp] = f"{row.status}: {row.error}"
         missing = {fp: c for fp, c in cands.items() if fp not in self._memo}
         kinds: dict[str, int] = {}
         for c in missing.values():
@@ -305,6 +307,7 @@ class FarmEstimator(CostEstimator):
                             "not written", c.label(), type(e).__name__, e)
                 self._memo[fp] = Cost.invalid()
                 self._failed["extract_failed"] = self._failed.get("extract_failed", 0) + 1
+                self._why[fp] = f"extract_failed: {type(e).__name__}: {e}"
                 continue
             label = f"{self.model}:{c.label()}" if self.model else c.label()
             yield MeasureRequest(BuildInput(fp, c.target, onnx_bytes, ranges, label),
@@ -312,6 +315,9 @@ class FarmEstimator(CostEstimator):
 
     def is_confirmed(self, candidate: CandidatePartition) -> bool:
         return candidate.fingerprint in self._confirmed
+
+    def why_invalid(self, candidate: CandidatePartition) -> str | None:
+        return self._why.get(candidate.fingerprint)
 
     def _record(self, c: CandidatePartition, res: MeasureResult, *,
                 confirmation: bool = False) -> None:
@@ -333,3 +339,4 @@ class FarmEstimator(CostEstimator):
             self._memo[fp] = Cost.invalid()
             key = res.status.value if not farm_made else "no_runner"
             self._failed[key] = self._failed.get(key, 0) + 1
+            self._why[fp] = f"{key}: {res.error}"

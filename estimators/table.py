@@ -114,6 +114,7 @@ class TableEstimator(CostEstimator):
         self._missing: dict[str, MissingCost] = {}
         self._requested = 0
         self._failed = 0
+        self._why: dict[str, str] = {}  # fingerprint -> "status: error" of a failed row
         self._lb_asked: set[str] = set()
 
     @property
@@ -155,6 +156,7 @@ class TableEstimator(CostEstimator):
                 self._source[fp] = "table"
                 if not row.ok:
                     self._failed += 1
+                    self._why[fp] = f"{row.status}: {row.error}"
             if missing:
                 if self.allow_analytic:
                     for c, cost in zip(missing, self.analytic.estimate(missing)):
@@ -170,6 +172,9 @@ class TableEstimator(CostEstimator):
                         self._memo[c.fingerprint] = Cost.unknown()
                         self._source[c.fingerprint] = "missing"
         return [self._memo[c.fingerprint] for c in candidates]
+
+    def why_invalid(self, candidate: CandidatePartition) -> str | None:
+        return self._why.get(candidate.fingerprint)
 
     def stats(self) -> EstimatorStats:
         n_an = sum(1 for s in self._source.values() if s == "analytic")

@@ -317,3 +317,40 @@ def test_offline_campaign_filters_rows_by_mode_only_when_asked(tmp_path: Path,
     with pytest.raises(MissingCostsError):
         est.estimate([c])
         est.check()
+
+
+def test_no_cover_names_the_failures_of_the_node_it_stopped_at(tmp_path: Path) -> None:
+    """'no valid cover ... failed to build' used to hide the cause (a runner that cannot feed
+    string tensors, a type error in the model): the error now quotes the rows' own words, one
+    per target, from an offline table whose rows for one node failed."""
+    from collage_farm.campaign import TuneOptions, run_tune
+    from collage_farm.costtable import CostTableWriter, row_from_result
+    from collage_farm.rules import RuleOptions, all_candidates
+    from collage_farm.search import NoCoverError
+    from collage_farm.target import parse_targets
+    from runners.base import DeviceDescription, MeasureConfig, MeasureResult, Status, Summary
+
+    zoo = _zoo()
+    graph = load_graph(zoo.build("mnist"), name="mnist")
+    targets = parse_targets("ort-cpu")
+    from collage_farm.campaign import build_specs
+
+    opts = RuleOptions(max_depth=1)
+    cands = all_candidates(graph, build_specs(targets, opts))
+    dev = DeviceDescription("cpu", "test", 1)
+    with CostTableWriter(tmp_path / "t", background=False) as w:
+        for c in cands:
+            if "pool1" in c.node_names:
+                r = MeasureResult(c.fingerprint, c.target, Status.BUILD_FAILED, MeasureConfig(),
+                                  error="TypeError: pool1 wants float", device=dev)
+            else:
+                samples = (1e-5,) * 3
+                r = MeasureResult(c.fingerprint, c.target, Status.OK, MeasureConfig(),
+                                  samples=samples, summary=Summary.of(samples), device=dev)
+            w.append(row_from_result(r, campaign_id="t", model="mnist",
+                                     nodes=c.node_names, op_types=c.op_types))
+    with pytest.raises(NoCoverError, match=r"pool1.*e\.g\. ort-cpu: build_failed: TypeError: "
+                                           r"pool1 wants float"):
+        run_tune(TuneOptions(model="zoo:mnist", targets=tuple(targets), out=tmp_path / "o",
+                             estimator="offline", cost_table=tmp_path / "t", rule_options=opts,
+                             strictness="any", cut_costs=False))
