@@ -109,6 +109,8 @@ def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
             model = zoo.build(name, **kw)
         except KeyError as e:
             raise ModelError(str(e.args[0]) if e.args else f"unknown zoo model {name!r}") from None
+        except ValueError as e:  # a depth the model has not, or out of range
+            raise ModelError(str(e)) from None
         return load_graph(model, shapes, name=name)
     if layers is not None:
         raise ModelError("--layers applies to zoo models only")

@@ -79,6 +79,10 @@ def run_run(args: argparse.Namespace) -> int:
 
     shapes = dict(parse_shape(s) for s in args.shape)
     ex = PlanExecutor(args.plan_dir, threads=args.threads, model=args.model, shapes=shapes)
+    unknown = sorted(set(shapes) - set(ex.plan.graph_inputs))
+    if unknown and ex.plan.graph_inputs:  # as tune: a typo must not pass silently
+        raise PlanError(f"--shape names {', '.join(map(repr, unknown))}, which is not an input "
+                        f"of the plan (inputs: {', '.join(ex.plan.graph_inputs)})")
     feeds = ex.random_feeds()
     try:
         errors = ex.check(feeds)

@@ -248,6 +248,11 @@ def describe(name: str) -> str:
     return text + f" Options: {', '.join(params)}."
 
 
+#: the deepest zoo transformer (GPT-3 has 96 layers) and the largest random DAG `build` makes
+MAX_LAYERS = 128
+MAX_NODES = 4096
+
+
 def build(name: str, *, seed: int = 0, layers: int | None = None,
           **kw: object) -> onnx.ModelProto:
     """Build zoo model ``name`` with weights from ``seed``.
@@ -261,6 +266,9 @@ def build(name: str, *, seed: int = 0, layers: int | None = None,
     if layers is not None:
         if not e.layers:
             raise ValueError(f"zoo model {name!r} has a fixed depth; `layers` does not apply")
+        top = MAX_NODES if name == "random_dag" else MAX_LAYERS
+        if not 1 <= layers <= top:  # 100000 GPT-2 layers ran a 24 GiB machine out of memory
+            raise ValueError(f"zoo model {name!r}: layers must be 1..{top}, not {layers}")
         kw["n_nodes" if name == "random_dag" else "layers"] = layers
     accepted = set(_options(fn))
     unknown = sorted(set(kw) - accepted)

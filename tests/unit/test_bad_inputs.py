@@ -346,6 +346,8 @@ def _cli_cases(root: Path) -> dict[str, CliCase]:
     tune("shape:conflicts_with_fixed_dim", "--shape", "x=2x5", model=str(dyn),
          message=r"dim 1 is fixed to 4 in the model, 5 given")
     tune("args:max_depth_zero", "--max-depth", "0", message=r"--max-depth must be at least 1")
+    tune("args:layers_huge", "--layers", "100000", model="zoo:gpt2",
+         message=r"layers must be 1\.\.128, not 100000")
     out = root / "out" / "args:offline_without_table"
     cases["args:offline_without_table"] = CliCase(
         ("tune", "zoo:mnist", "--offline", "--out", str(out)), r"--offline needs --cost-table",
@@ -468,6 +470,8 @@ def _bad_plans(root: Path) -> dict[str, tuple[Path, tuple[str, ...], str]]:
         "swapped_files": (variant("swapped_files", swap), (),
                           r"does not run against its original model"),
         "garbage_model": (good, ("--model", str(garbage)), r"not a readable ONNX model"),
+        "unknown_shape_input": (good, ("--shape", "nope=1x2"),
+                                r"'nope', which is not an input of the plan"),
     }
 
 
@@ -525,12 +529,13 @@ def _cli_case_ids() -> list[str]:
         "config:bad_option_value", "targets:unknown", "targets:empty", "shape:not_integers",
         "shape:no_equals", "shape:zero", "shape:negative", "shape:unknown_input",
         "shape:wrong_rank", "shape:conflicts_with_fixed_dim", "args:max_depth_zero",
+        "args:layers_huge",
         "args:offline_without_table", "out:earlier_plan_untouched", "cluster:typo",
         "cluster:malformed", "cluster:missing", "costs:offline_bad_files",
         "costs:missing_dir", "out:is_a_file", "table:is_a_file", "ray:bad_address"] + [
         f"plan:{n}" for n in (
             "binary_json", "nul_path", "dir_path", "corrupt_partition", "no_partitions",
-            "swapped_files", "garbage_model")])
+            "swapped_files", "garbage_model", "unknown_shape_input")])
 
 
 @pytest.mark.parametrize("key", _cli_case_ids())
