@@ -1426,8 +1426,11 @@ def export(
     d = Path(path)
     if not d.is_dir():
         raise FileNotFoundError(f"cost table directory not found: {d}")
-    table = CostTable(d).read(filters)
     out = Path(out_path)
+    if out.resolve().parent == d.resolve():  # it would be read back as a part: every row twice
+        raise CostTableError(f"export to {out}: that is inside the table directory {d}, where "
+                             "a .parquet file counts as a part file; write it elsewhere")
+    table = CostTable(d).read(filters)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
     try:

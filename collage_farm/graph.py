@@ -718,6 +718,11 @@ def _load_graph(
 
     # producers, and the checks that need them
     init_names = {t.name for t in g.initializer}
+    const_out = [o.name for o in g.output if o.name in init_names]
+    if const_out:  # legal ONNX, but no partition computes it and no runner returns it
+        raise ModelError(f"graph output(s) {const_out} are constants (initializers or folded "
+                         "Constant nodes) that no node computes: remove them from the model's "
+                         "outputs (their values are fixed) and tune the rest")
     input_names = [i.name for i in g.input if i.name not in init_names]
     available = set(init_names) | set(input_names)
     producer_pos: dict[str, int] = {}

@@ -146,6 +146,12 @@ def _custom_op_no_opset(d: Path) -> Path:
                         [_vi("x", [1, 4])], [_vi("y", None)]), d / "custom_noopset.onnx")
 
 
+def _constant_output(d: Path) -> Path:  # valid ONNX: an initializer is also an output
+    w = numpy_helper.from_array(np.ones((1, 4), np.float32), "w")
+    return _save(_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [_vi("x", [1, 4])],
+                        [_vi("y", [1, 4]), _vi("w", [1, 4])], inits=(w,)), d / "m.onnx")
+
+
 def _no_nodes(d: Path) -> Path:
     return _save(_model([], [_vi("x", [1, 4])], [_vi("x", [1, 4])]), d / "nonodes.onnx")
 
@@ -183,6 +189,7 @@ BAD_MODELS: dict[str, tuple[Callable[[Path], Path], str]] = {
                                 r"'y', output of node 'fancy' \(com\.example:Fancy\).*value_info"),
     "custom_op_without_opset": (_custom_op_no_opset, r"No opset import for domain com\.example"),
     "no_nodes": (_no_nodes, r"no operator nodes"),
+    "constant_output": (_constant_output, r"output\(s\) \['w'\] are constants"),
     "over_2gib_external_data": (_huge_external, r"2\.500 GiB\), over the 2 GiB protobuf limit"),
     "missing_external_data": (_missing_external, r"cannot read its external data"),
     "external_data_outside_dir": (_escaping_external, r"cannot read its external data"),

@@ -921,3 +921,16 @@ def test_sql_skips_a_file_whose_numbers_are_text(tmp_path: Path) -> None:
         got = CostTable(d).query("select count(*) as n, median(median) as m from costs")
     assert got["n"].to_pylist() == [5]
     assert pa.types.is_floating(got.schema.field("m").type)
+
+
+def test_export_into_the_table_directory_is_refused(tmp_path: Path) -> None:
+    """A backup written into the table would be read back as a part: every row twice, made
+    permanent by the next compaction."""
+    from collage_farm.costtable import CostTableError
+
+    d = tmp_path / "t"
+    write_rows(d, simple_rows(3))
+    with pytest.raises(CostTableError, match="inside the table directory"):
+        export(d, d / "backup.parquet", "parquet")
+    assert CostTable(d).read().num_rows == 3
+    assert export(d, tmp_path / "backup.parquet", "parquet") == 3
