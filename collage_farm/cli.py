@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -347,6 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"collage-farm {args.cmd}: interrupted; measured rows are in the cost table",
               file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `... | head` closed stdout: the reader's choice, not an error
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a killed pipeline member
 
 
 if __name__ == "__main__":
