@@ -796,6 +796,7 @@ def connect(
     env = dict(runtime_env) if runtime_env else None
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
+        _check_reachable(address)
         try:
             ray.init(address=address, namespace=namespace, runtime_env=env,
                      logging_level=logging.WARNING)
@@ -817,6 +818,25 @@ def connect(
         log.warning("farm: Ray token authentication is disabled (RAY_AUTH_MODE=disabled); "
                     "anyone who can reach the cluster can run code on it")
     return started
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when nothing listens at a ``HOST:PORT`` or ``ray://HOST:PORT`` address:
+    `ray.init` retries an unreachable GCS for minutes (seen hanging > 150 s on 127.0.0.1:1).
+    ``auto`` and other forms are left to Ray."""
+    import socket
+
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise FarmError(f"cannot join the Ray cluster at {address!r}: nothing answers at "
+                        f"{host}:{port} ({e.strerror or e}); is the head running "
+                        "(`ray status` there), and is the port open to this machine?") from None
 
 
 def shutdown() -> None:

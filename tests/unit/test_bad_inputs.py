@@ -396,6 +396,10 @@ def _cli_cases(root: Path) -> dict[str, CliCase]:
         ("tune", "zoo:mnist", "--targets", "ort-cpu", "--cost-table", str(a_file), "--out",
          str(out)), r"cost table .* not a directory", out)
     out = root / "out" / "ray:bad_address"
+    out = root / "out" / "ray:nothing_listens"
+    cases["ray:nothing_listens"] = CliCase(
+        ("tune", "zoo:mnist", "--targets", "ort-cpu", "--address", "127.0.0.1:1", "--out",
+         str(out)), r"cannot join the Ray cluster at '127\.0\.0\.1:1': nothing answers", out)
     cases["ray:bad_address"] = CliCase(
         ("tune", "zoo:mnist", "--targets", "ort-cpu", "--address", "no-such-format", "--out",
          str(out)), r"cannot join the Ray cluster at 'no-such-format'", out)
@@ -496,7 +500,7 @@ def _run(argv: tuple[str, ...], console: bool = False) -> CliResult:
 SUBPROCESS_CASES = ("model:truncated", "model:over_2gib_external_data", "config:malformed_yaml",
                     "shape:not_integers", "args:offline_without_table", "cluster:typo",
                     "costs:offline_bad_files", "out:earlier_plan_untouched",
-                    "ray:bad_address")  # a failed ray.init must not touch this process
+                    "ray:bad_address", "ray:nothing_listens")  # no ray.init in this process
 
 
 def _run_here(argv: tuple[str, ...]) -> CliResult:
@@ -539,7 +543,8 @@ def _cli_case_ids() -> list[str]:
         "args:layers_huge",
         "args:offline_without_table", "out:earlier_plan_untouched", "cluster:typo",
         "cluster:malformed", "cluster:missing", "costs:offline_bad_files",
-        "costs:missing_dir", "out:is_a_file", "table:is_a_file", "ray:bad_address"] + [
+        "costs:missing_dir", "out:is_a_file", "table:is_a_file", "ray:bad_address",
+        "ray:nothing_listens"] + [
         f"plan:{n}" for n in (
             "binary_json", "nul_path", "dir_path", "corrupt_partition", "no_partitions",
             "swapped_files", "garbage_model", "unknown_shape_input")])
