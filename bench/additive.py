@@ -4,7 +4,7 @@ For each model and each measurement mode (warm, flush, network) this tunes the m
 (ort-cpu + openvino-cpu; candidates measured in this process by the toolchains' own
 ``measure`` with ``MeasureConfig(mode=...)``, pruned lazily by the analytic bound), once with
 the analytic transition model and once with the measured one (`runners.transitions` rows
-through `collage_farm.transition.measured_transition_model`), runs each plan end to end
+through `collage_farm.core.transition.measured_transition_model`), runs each plan end to end
 interleaved with the whole model on each toolchain (`executor.compare_interleaved`, warm
 steady-state runs: the truth is a model served in a loop), and prints the additive error
 (measured - sum of estimates) / measured. Also prints, per mode, the isolated cost of a
@@ -37,19 +37,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collage_farm import zoo
 from collage_farm.campaign import build_specs
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
-from collage_farm.executor import PlanExecutor, compare_interleaved
-from collage_farm.graph import load_graph
-from collage_farm.plan import make_plan, write_plan
-from collage_farm.rules import RuleOptions, all_candidates
-from collage_farm.search import search
-from collage_farm.target import parse_targets
-from collage_farm.transition import (
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import load_graph
+from collage_farm.core.plan import make_plan, write_plan
+from collage_farm.core.rules import RuleOptions, all_candidates
+from collage_farm.core.search import search
+from collage_farm.core.target import parse_targets
+from collage_farm.core.transition import (
     AnalyticTransitionModel,
     TransitionModel,
     measured_transition_model,
 )
+from collage_farm.execute import PlanExecutor, compare_interleaved
 from collage_farm.zoo import packaged
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collage_farm import zoo
 from collage_farm.campaign import TuneOptions, run_tune
-from collage_farm.target import parse_targets
+from collage_farm.core.target import parse_targets
 from collage_farm.zoo import packaged
 from runners.base import CANDIDATE_MODE, MeasureConfig
 
@@ -163,7 +163,7 @@ def main() -> int:
         tnames.append("litert-cpu")
     targets = parse_targets(",".join(tnames))
 
-    from collage_farm.executor import ort_multi_ep
+    from collage_farm.execute import ort_multi_ep
     from collage_farm.farm import Farm
     from estimators.measured import FarmEstimator
 

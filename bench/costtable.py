@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from collage_farm.core.target import BUILTIN_TARGETS
 from collage_farm.costtable import (
     SCHEMA,
     CostTable,
@@ -46,7 +47,6 @@ from collage_farm.costtable import (
     compact,
     write_part,
 )
-from collage_farm.target import BUILTIN_TARGETS
 from runners.base import (
     DeviceDescription,
     MeasureConfig,

@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collage_farm import zoo
-from collage_farm.graph import load_graph
-from collage_farm.target import BUILTIN_TARGETS, ETHOS_U_CONFIGS
+from collage_farm.core.graph import load_graph
+from collage_farm.core.target import BUILTIN_TARGETS, ETHOS_U_CONFIGS
 from runners.base import BuildInput, DeviceDescription, MeasureConfig, MeasureInput
 from runners.calibration import calibrate
 from runners.ethosu import VelaCapabilities, VelaToolchain

@@ -37,13 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from collage_farm import farm as farm_mod
 from collage_farm import zoo
 from collage_farm.campaign import build_specs
-from collage_farm.candidate import CandidatePartition
-from collage_farm.farm import Farm, MeasureRequest
-from collage_farm.graph import load_graph
-from collage_farm.rules import RuleOptions, all_candidates
-from collage_farm.target import CPU0, Target, parse_targets
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.graph import load_graph
+from collage_farm.core.rules import RuleOptions, all_candidates
+from collage_farm.core.target import CPU0, Target, parse_targets
+from collage_farm.farm import Farm
 from estimators.measured import FarmEstimator
-from runners.base import BuildInput, MeasureConfig
+from runners.base import BuildInput, MeasureConfig, MeasureRequest
 
 
 def machine() -> list[str]:
@@ -229,9 +229,9 @@ def bench_scaling(model: str, image_size: int, depth: int, n_cores: int, table_r
 def bench_pruning(model: str, image_size: int, depth: int, table_root: Path,
                   lines: list[str]) -> None:
     try:
-        from collage_farm.search import search
+        from collage_farm.core.search import search
     except ImportError:
-        lines += ["## 4. Pruning savings", "", "skipped: collage_farm.search is not available",
+        lines += ["## 4. Pruning savings", "", "skipped: collage_farm.core.search is not available",
                   ""]
         return
     targets = parse_targets("ort-cpu,openvino-cpu")

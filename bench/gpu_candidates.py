@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collage_farm import zoo
-from collage_farm.target import CUDA0, Target
+from collage_farm.core.target import CUDA0, Target
 from runners.base import BuildInput, MeasureConfig
 from runners.cuda import OrtCudaToolchain
 from runners.measure import flush_for, time_callable
@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def windows(models: list, size: int, per_model: int) -> list[tuple[str, bytes]]:
     """Convex windows of ``size`` consecutive nodes (topological order), evenly spread."""
-    from collage_farm.graph import load_graph
-    from collage_farm.subgraph import SubGraph
+    from collage_farm.core.graph import load_graph
+    from collage_farm.core.subgraph import SubGraph
 
     out = []
     for mname, model, _ in models:

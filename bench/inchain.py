@@ -41,8 +41,8 @@ import numpy as np
 import onnxruntime as ort
 
 from collage_farm import zoo
-from collage_farm.graph import load_graph, random_inputs
-from collage_farm.subgraph import SubGraph
+from collage_farm.core.graph import load_graph, random_inputs
+from collage_farm.core.subgraph import SubGraph
 from runners.base import MeasureConfig
 from runners.measure import flush_for, private_cache_bytes, time_callable
 

@@ -5,7 +5,7 @@ LiteRT/XNNPACK (fp32 TFLite from the in-repo converter, 1 thread) is ever faster
 existing CPU toolchains per model, and what crossing its NHWC boundary costs. Per model:
 
 1. whole-model latency of ``ort-cpu``, ``openvino`` and ``litert`` measured **interleaved in one
-   run** (`collage_farm.executor.compare_interleaved`: A B C, B C A, ... rounds), each through
+   run** (`collage_farm.execute.compare_interleaved`: A B C, B C A, ... rounds), each through
    the partitioned executor exactly as a one-partition plan would run: LiteRT's figure there
    includes the NCHW<->NHWC transposes and copies at the model boundary (``run_outputs``);
 2. LiteRT's own measurement (`LiteRTToolchain.measure`: inputs bound once, only ``invoke()``
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from collage_farm import zoo
-from collage_farm.executor import compare_interleaved, measure_interleaved, single_executor
-from collage_farm.graph import load_graph, random_inputs
-from collage_farm.target import BUILTIN_TARGETS
+from collage_farm.core.graph import load_graph, random_inputs
+from collage_farm.core.target import BUILTIN_TARGETS
+from collage_farm.execute import compare_interleaved, measure_interleaved, single_executor
 from runners.base import BuildInput, DeviceDescription, MeasureConfig, MeasureInput
 from runners.measure import pin_to_cores
 from runners.registry import available_toolchains, get_toolchain

@@ -42,10 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # the local test Cluster only; see step 4
 
+from collage_farm.core.graph import load_graph  # noqa: E402
+from collage_farm.core.rules import RuleOptions, all_candidates, default_spec  # noqa: E402
+from collage_farm.core.target import BUILTIN_TARGETS, CPU0, Target  # noqa: E402
 from collage_farm.costtable import CostTable  # noqa: E402
-from collage_farm.graph import load_graph  # noqa: E402
-from collage_farm.rules import RuleOptions, all_candidates, default_spec  # noqa: E402
-from collage_farm.target import BUILTIN_TARGETS, CPU0, Target  # noqa: E402
 from collage_farm.zoo.random_dag import random_dag  # noqa: E402
 from runners.base import MeasureConfig  # noqa: E402
 

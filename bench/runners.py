@@ -43,7 +43,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from collage_farm.target import CPU0, Target
+from collage_farm.core.target import CPU0, Target
 from runners.base import BuildInput, DeviceDescription, MeasureConfig, MeasureInput
 from runners.cpu import OnnxToolchainBase, seed_of
 from runners.local import LocalRunner
@@ -295,8 +295,8 @@ def whole_models(models: list, tcs: list[str], reps: int) -> list[list[str]]:
 
 def candidates(models: list, per_model: int) -> list[tuple[str, bytes]]:
     """Extracted sub-graphs: the heaviest single nodes and a few convex 3-node windows."""
-    from collage_farm.graph import load_graph
-    from collage_farm.subgraph import SubGraph
+    from collage_farm.core.graph import load_graph
+    from collage_farm.core.subgraph import SubGraph
 
     out = []
     for mname, model, _ in models:

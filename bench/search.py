@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collage_farm import zoo
 from collage_farm.campaign import build_specs
-from collage_farm.graph import load_graph
-from collage_farm.rules import RuleOptions, all_candidates
-from collage_farm.search import search
-from collage_farm.target import parse_targets
+from collage_farm.core.graph import load_graph
+from collage_farm.core.rules import RuleOptions, all_candidates
+from collage_farm.core.search import search
+from collage_farm.core.target import parse_targets
 from estimators.mock import MockEstimator
 
 CASES = [

@@ -13,7 +13,8 @@ plan (phase 4). Estimators are picked by the caller:
 After the search, a measured campaign (farm costs) first re-measures the candidates on the
 chosen path and searches again until the path is made of re-measured candidates (`confirm`: the
 cheapest of thousands of noisy costs is biased low). It then does not trust the sum of isolated
-costs (`post_search`): it refines the plan with measured local moves (`collage_farm.refine`) and
+costs (`post_search`): it refines the plan with measured local moves
+(`collage_farm.postsearch.refine`) and
 then times the Dijkstra plan, the refined plan and every searched target's whole model in one
 interleaved run; the mix is written only if it beats the best single toolchain beyond noise,
 else that toolchain's whole model is (never worse). Mock and offline campaigns skip this and say
@@ -41,17 +42,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.graph import DataflowGraph, ModelError, load_graph
-from collage_farm.plan import make_plan, write_plan
-from collage_farm.rules import PartitionSpec, RuleOptions, all_candidates, default_spec
-from collage_farm.search import NoCoverError, SearchResult, search
-from collage_farm.target import Target
-from collage_farm.transition import AnalyticTransitionModel, TransitionModel
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.graph import DataflowGraph, ModelError, load_graph
+from collage_farm.core.plan import make_plan, write_plan
+from collage_farm.core.rules import PartitionSpec, RuleOptions, all_candidates, default_spec
+from collage_farm.core.search import NoCoverError, SearchResult, search
+from collage_farm.core.target import Target
+from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
 from estimators.base import CostEstimator
 
 if TYPE_CHECKING:
-    from collage_farm.refine import Paired, Part, PlanBuilder, VerifyResult
+    from collage_farm.postsearch.refine import Paired, Part, PlanBuilder, VerifyResult
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class TuneOptions:
     retry_failed: bool = False  # failed rows never answer: measure them all again
     rule_options: RuleOptions = RuleOptions()
     transition: TransitionModel | None = None
-    pins: object = None  # collage_farm.pins.PinSet, when given
+    pins: object = None  # collage_farm.core.pins.PinSet, when given
     campaign_id: str = ""
     strictness: str = "exact"
     num_cpus: int | None = None
@@ -86,7 +87,7 @@ class TuneOptions:
     # interleaved rounds against the best single before the decision; 0 disables
     verify_extend_rounds: int = 14
     measure_mode: str = ""  # candidates' MeasureConfig.mode; "" = runners.base.CANDIDATE_MODE
-    cut_costs: bool = True  # measure this model's cut cost per target (collage_farm.cutcost)
+    cut_costs: bool = True  # measure this model's cut cost per target (collage_farm.probes.cutcost)
     confirm_rounds: int = 3  # re-measure the chosen path, re-search (`confirm`); 0 disables
     report: bool = True  # report.html + PNGs beside the plan
 
@@ -200,7 +201,7 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
 
     ``opts.transition`` (configured, or analytic) is the fallback for what no row covers. A
     farm campaign that built its own estimator (``measure``) measures the missing transition
-    rows on this machine first (`collage_farm.transition.measured_transition_model`); an
+    rows on this machine first (`collage_farm.core.transition.measured_transition_model`); an
     offline campaign reuses the table's rows; mock campaigns keep the given model.
     """
     fallback = opts.transition or AnalyticTransitionModel()
@@ -209,8 +210,8 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
         return fallback
     if not measure and not Path(table).is_dir():
         return fallback
-    from collage_farm.target import CPU0
-    from collage_farm.transition import measured_transition_model
+    from collage_farm.core.target import CPU0
+    from collage_farm.core.transition import measured_transition_model
 
     config = getattr(est, "config", None)
     try:
@@ -228,16 +229,16 @@ def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
                    transition: TransitionModel, table: Path | None = None,
                    campaign_id: str = "", measure: bool = True
                    ) -> tuple[TransitionModel, dict | None]:
-    """``transition`` plus this model's measured cut costs (`collage_farm.cutcost`) when the
+    """``transition`` plus this model's measured cut costs (`collage_farm.probes.cutcost`) when the
     campaign mixes two or more toolchains that run here; unchanged (and why) otherwise. With a
     cost ``table``, rows of an earlier probe on this host are reused and new ones written."""
-    from collage_farm.executor import SIMULATED_TOOLCHAINS
-    from collage_farm.transition import WithCutCosts
+    from collage_farm.core.transition import WithCutCosts
+    from collage_farm.execute import SIMULATED_TOOLCHAINS
 
     live = [t for t in targets if t.toolchain not in SIMULATED_TOOLCHAINS]
     if len({t.toolchain for t in live}) < 2:
         return transition, None
-    from collage_farm.cutcost import cached_cut_costs, measure_cut_costs
+    from collage_farm.probes.cutcost import cached_cut_costs, measure_cut_costs
 
     try:
         cc = (cached_cut_costs(table, graph, live, campaign_id=campaign_id, measure=measure)
@@ -269,7 +270,7 @@ def _with_reasons(e: NoCoverError, candidates: Sequence[CandidatePartition],
 def _check_out(out: Path) -> None:
     """``--out`` must be a directory or creatable as one (found after a campaign, it cost the
     campaign; the measured rows were safe in the table, the user's time was not)."""
-    from collage_farm.plan import PlanError
+    from collage_farm.core.plan import PlanError
 
     for p in (out, *out.parents):
         if p.exists():
@@ -292,7 +293,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     specs = build_specs(opts.targets, opts.rule_options)
     candidates = all_candidates(graph, specs)
     if opts.pins is not None:
-        from collage_farm.pins import filter_candidates
+        from collage_farm.core.pins import filter_candidates
 
         candidates = filter_candidates(candidates, opts.pins)
     t_cands = time.perf_counter()
@@ -423,8 +424,8 @@ def confirm(graph: DataflowGraph, candidates: Sequence[CandidatePartition],
     Simulated candidates (Vela's estimate) are deterministic: left alone. The info dict logs
     every re-measured candidate (before / after).
     """
-    from collage_farm.executor import SIMULATED_TOOLCHAINS
-    from collage_farm.subgraph import SubGraph
+    from collage_farm.core.subgraph import SubGraph
+    from collage_farm.execute import SIMULATED_TOOLCHAINS
 
     t0 = time.perf_counter()
     wholes = [CandidatePartition(SubGraph(graph, graph.all_mask), t, rule="whole")
@@ -496,7 +497,7 @@ def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyRe
       non-additivity of the plan (cuts, cache interplay), which is what the search's ranking
       depends on.
     """
-    from collage_farm.refine import Part, to_search_result
+    from collage_farm.postsearch.refine import Part, to_search_result
 
     out: dict = {}
     est_s: dict[str, float] = {}
@@ -534,7 +535,7 @@ def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyRe
 
 def _should_extend(cmp: Paired, whole: bool, extend_rounds: int) -> bool:
     """A mix is worth more rounds when it looks faster than the floor but not beyond noise."""
-    from collage_farm.refine import NOISE_FLOOR
+    from collage_farm.postsearch.refine import NOISE_FLOOR
 
     return (extend_rounds > 0 and not whole and not cmp.a_faster and cmp.pairs > 0
             and cmp.ratio < 1.0 - NOISE_FLOOR)
@@ -544,7 +545,7 @@ def _mix_run(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Targ
              best: str, rounds: int, builder: PlanBuilder) -> VerifyResult | None:
     """One interleaved run of the mix (as ``"mix"``) and the best single toolchain's whole
     model, or None when either fails to run in it."""
-    from collage_farm.refine import verify
+    from collage_farm.postsearch.refine import verify
     from runners.base import MeasureConfig
 
     t = [x for x in targets if x.id == best]
@@ -559,7 +560,7 @@ def _extend(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Targe
     the best single, paired round by round and pooled with the first run's pairs (each pair
     comes from one turn of one rotation, so pooling two runs keeps every pair clean). None
     when either fails to run, or the first run has no round medians to pool with."""
-    from collage_farm.refine import paired
+    from collage_farm.postsearch.refine import paired
 
     a0, b0 = first.round_medians.get(mix, ()), first.round_medians.get(best, ())
     if not a0 or not b0:
@@ -596,12 +597,13 @@ def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
 
     The Dijkstra plan, the refined plan (when a move was kept) and every searched target's
     whole model are numerically checked and timed interleaved in one run
-    (`collage_farm.refine.verify`). The mix (refined, unless the Dijkstra plan beat it beyond
+    (`collage_farm.postsearch.refine.verify`). The mix (refined, unless the Dijkstra plan beat it
+    beyond
     noise in this run) is kept only when it beats the best single toolchain beyond noise
     (`refine.noise_threshold`: 3% floor); otherwise the output plan is the best single
     toolchain's whole model, and the summary says so with both figures.
     """
-    from collage_farm.refine import (
+    from collage_farm.postsearch.refine import (
         SIMULATED,
         Part,
         PlanBuilder,
@@ -617,7 +619,7 @@ def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
     start = parts_of(result)
     pins = opts.pins
     if pins is not None:
-        from collage_farm.pins import PinSet
+        from collage_farm.core.pins import PinSet
 
         pins = PinSet.of(pins)  # type: ignore[arg-type]
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,

@@ -1,6 +1,6 @@
 """AnalyticEstimator: a roofline lower bound on a candidate's latency, from FLOPs and bytes.
 
-Why a bound and not an estimate: the search (`collage_farm.search`) evaluates edges lazily. It
+Why a bound and not an estimate: the search (`collage_farm.core.search`) evaluates edges lazily. It
 pushes every edge with a cost no measurement can beat and measures an edge only when it reaches
 the top of the heap, so a candidate whose bound already loses to the best cover is never sent to
 the farm. For that to keep the search optimal the bound must never exceed what a runner would
@@ -33,11 +33,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
-from collage_farm.graph import DataflowGraph, Node, OpKind
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import Target
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import DataflowGraph, Node, OpKind
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import Target
 from estimators.base import CostEstimator, EstimatorStats
 
 

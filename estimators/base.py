@@ -12,8 +12,8 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator, EstimatorStats
-from runners.base import CANDIDATE_MODE, BuildInput, MeasureConfig, MeasureResult, Status
+from runners.base import (
+    CANDIDATE_MODE,
+    FARM_DETAIL,
+    BuildInput,
+    MeasureConfig,
+    MeasureRequest,
+    MeasureResult,
+    Status,
+)
 
 #: details key of a cost-table row written by `FarmEstimator.remeasure`
 CONFIRM_DETAIL = "confirmation"
@@ -55,7 +63,7 @@ CONFIRM_MAX_CV = 0.10
 
 if TYPE_CHECKING:
     from collage_farm.costtable import CostTable, CostTableWriter
-    from collage_farm.farm import Farm, MeasureRequest
+    from collage_farm.farm import Farm
 
 
 def _steady(res: MeasureResult) -> bool:
@@ -295,8 +303,6 @@ class FarmEstimator(CostEstimator):
                 self._confirmed.add(c.fingerprint)
 
     def _requests(self, missing: Mapping[str, CandidatePartition]) -> Iterator[MeasureRequest]:
-        from collage_farm.farm import MeasureRequest
-
         for fp, c in missing.items():
             try:
                 onnx_bytes = c.sub_graph.extract(f"{self.model or 'model'}_{fp[:12]}"
@@ -322,7 +328,6 @@ class FarmEstimator(CostEstimator):
     def _record(self, c: CandidatePartition, res: MeasureResult, *,
                 confirmation: bool = False) -> None:
         from collage_farm.costtable import row_from_result, to_json
-        from collage_farm.farm import FARM_DETAIL
 
         fp = c.fingerprint
         farm_made = dict(res.details).get(FARM_DETAIL) == "no_runner"

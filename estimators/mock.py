@@ -23,8 +23,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
 from estimators.analytic import node_flops
 from estimators.base import CostEstimator, EstimatorStats
 

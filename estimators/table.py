@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator, EstimatorStats
 

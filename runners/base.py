@@ -24,10 +24,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from collage_farm.target import Target
+from collage_farm.core.target import Target
 
 if TYPE_CHECKING:
-    from collage_farm.graph import DataflowGraph, Node
+    from collage_farm.core.graph import DataflowGraph, Node
 
 
 class Status(str, enum.Enum):
@@ -209,6 +209,32 @@ class BuildInput:
     onnx_bytes: bytes
     tensor_ranges: tuple[tuple[str, float, float], ...] = ()
     label: str = ""  # human-readable: model and node names, for logs and rows
+
+
+#: `MeasureResult.details` key set on results the farm produced itself (not a runner): its value
+#: says why (`NO_RUNNER`: no runner serves the toolchain; ``runner_died``: the runner was lost)
+FARM_DETAIL = "farm"
+NO_RUNNER = "no_runner"
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """One candidate to build and measure: the sub-model and how to time it."""
+
+    build: BuildInput
+    config: MeasureConfig = field(default_factory=MeasureConfig)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.build.fingerprint
+
+    @property
+    def target(self) -> Target:
+        return self.build.target
+
+    @property
+    def label(self) -> str:
+        return self.build.label
 
 
 @dataclass(frozen=True)

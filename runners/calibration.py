@@ -6,7 +6,7 @@ candidate's own random inputs would produce (a sub-graph starting after a ReLU w
 be calibrated on negative values it never sees). The Collage search asks for thousands of
 candidates per model, many overlapping, so the ranges are measured once per model: one ONNX
 Runtime CPU session over the fp32 model with every intermediate tensor exposed as a graph
-output, run on ``n_samples`` seeded random inputs (`collage_farm.graph.random_inputs`, seeds
+output, run on ``n_samples`` seeded random inputs (`collage_farm.core.graph.random_inputs`, seeds
 ``seed .. seed + n_samples - 1``), recording per-tensor min and max over all samples. Every
 candidate then picks its tensors' ranges by name (tensor names survive extraction).
 
@@ -34,7 +34,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
-    from collage_farm.graph import DataflowGraph
+    from collage_farm.core.graph import DataflowGraph
 
 __all__ = ["CACHE_ENV", "calibrate", "clear_memory_cache", "model_key"]
 
@@ -75,7 +75,7 @@ def _measure(graph: DataflowGraph, seed: int, n_samples: int) -> dict[str, tuple
     import onnx
     import onnxruntime as ort
 
-    from collage_farm.graph import MAX_IR_VERSION, random_inputs
+    from collage_farm.core.graph import MAX_IR_VERSION, random_inputs
 
     names = _float_tensors(graph)
     produced = [t for t in names if t not in graph.graph_inputs]
@@ -123,9 +123,9 @@ def calibrate(
     """Per-tensor (min, max) of every float tensor (graph inputs and node outputs).
 
     Runs the whole fp32 model once per model (cached; see the module docstring). A
-    `ModelProto` or model bytes are loaded with `collage_farm.graph.load_graph` first.
+    `ModelProto` or model bytes are loaded with `collage_farm.core.graph.load_graph` first.
     """
-    from collage_farm.graph import DataflowGraph, load_graph
+    from collage_farm.core.graph import DataflowGraph, load_graph
 
     if not isinstance(graph, DataflowGraph):
         graph = load_graph(graph)

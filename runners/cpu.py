@@ -22,7 +22,7 @@ may measure on another node than the one that built. Each toolchain keeps its la
 handle keyed by fingerprint, artifact digest and thread count, so a build followed by a measure
 in the same worker compiles once.
 
-Inputs are seeded from the fingerprint (`collage_farm.graph.random_inputs` over the model's
+Inputs are seeded from the fingerprint (`collage_farm.core.graph.random_inputs` over the model's
 input value infos), so both toolchains, and every re-measurement, see the same data.
 
 Capabilities are tables, not imports: ORT's come from its CPU kernel registry (op type and the
@@ -61,8 +61,8 @@ from runners.measure import summarize, time_callable
 if TYPE_CHECKING:
     import numpy as np
 
-    from collage_farm.graph import DataflowGraph, Node
-    from collage_farm.target import Target
+    from collage_farm.core.graph import DataflowGraph, Node
+    from collage_farm.core.target import Target
 
 __all__ = [
     "OPENVINO_DTYPES",
@@ -392,7 +392,7 @@ def feeds_for(onnx_bytes: bytes, seed: int) -> dict[str, np.ndarray]:
     """Seeded feeds for a model's runtime inputs from its input value infos."""
     import onnx
 
-    from collage_farm.graph import random_inputs
+    from collage_farm.core.graph import random_inputs
 
     model = onnx.load_from_string(onnx_bytes)
     return random_inputs(model, seed)

@@ -21,7 +21,7 @@ across campaigns. Target option ``fp16`` sets ``trt_fp16_enable``. Target option
 (default true, ORT's own default) sets the CUDA EP's ``use_tf32``: on Ampere and later, fp32
 convolutions and matrix products then multiply with a 10-bit mantissa, which is faster and is
 what users of the EP get; ``tf32: false`` measures strict fp32. `precision` says which, and
-the plan check (`collage_farm.executor.PRECISIONS`) tolerates it. A session in which the
+the plan check (`collage_farm.execute.PRECISIONS`) tolerates it. A session in which the
 requested EP is not active (libraries missing: ORT then silently falls back) is a build failure,
 not a CUDA or CPU measurement filed under the wrong toolchain.
 
@@ -77,7 +77,7 @@ from runners.cpu import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from collage_farm.target import Target
+    from collage_farm.core.target import Target
 
 __all__ = ["DeviceL2Flusher", "OrtCudaToolchain", "OrtTensorRTToolchain", "cuda_devices",
            "load_tensorrt", "preload_cuda", "provider_needs", "trt_cache_dir"]

@@ -9,7 +9,7 @@ have without a board. Rows from this toolchain therefore say ``kind=simulated``.
 Build (inside the runner's worker process: Vela segfaults on malformed TFLite):
 
 1. the candidate's ONNX sub-model is converted to a full-integer int8 TFLite flatbuffer by
-   `runners.tflite_convert` (NHWC once for the whole sub-graph, per-channel int8 weights, int32
+   `runners.tflite` (NHWC once for the whole sub-graph, per-channel int8 weights, int32
    bias) with activation ranges from the whole fp32 model (`BuildInput.tensor_ranges`, computed
    once per model by `runners.calibration`). A tensor without a range (a build asked for outside
    a campaign) is calibrated on the sub-model itself, and ``details["ranges"]`` says how many;
@@ -94,9 +94,9 @@ from runners.base import (
 )
 
 if TYPE_CHECKING:
-    from collage_farm.graph import DataflowGraph, Node
-    from collage_farm.target import Target
-    from runners.tflite_convert import ConvertedModel
+    from collage_farm.core.graph import DataflowGraph, Node
+    from collage_farm.core.target import Target
+    from runners.tflite import ConvertedModel
 
 __all__ = [
     "HOST_MODEL",
@@ -214,7 +214,7 @@ def _weight_sum_why(graph: DataflowGraph, name: str, out_axis: int) -> str | Non
     initializer is only read when that bound passes the limit (K > 65536): the check is free for
     ordinary layers and costs one pass over the data for the rare huge ones.
     """
-    from runners.tflite_convert import _init_array
+    from runners.tflite import _init_array
 
     dims = tuple(graph.initializers[name].dims)
     per_channel = math.prod(dims) // max(dims[out_axis], 1)
@@ -235,7 +235,7 @@ def _weight_sum_why(graph: DataflowGraph, name: str, out_axis: int) -> str | Non
 
 
 def _conv_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite_convert import _attr, _ints, _resolve_pads
+    from runners.tflite import _attr, _ints, _resolve_pads
 
     x = _shape(graph, node.inputs[0])
     y = _shape(graph, node.outputs[0])
@@ -257,7 +257,7 @@ def _conv_why(node: Node, graph: DataflowGraph) -> str | None:
 
 
 def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite_convert import _pool_geometry, _resolve_pads
+    from runners.tflite import _pool_geometry, _resolve_pads
 
     x, y, k, s = _pool_geometry(node, graph)
     padding, _ = _resolve_pads(node, x[2:], k, s, y[2:])
@@ -273,7 +273,7 @@ def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
 
 
 def _gemm_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite_convert import _attr
+    from runners.tflite import _attr
 
     if node.inputs[1] not in graph.initializers:
         return "weights (B) must be a constant initializer"
@@ -301,7 +301,7 @@ def _global_pool_why(node: Node, graph: DataflowGraph) -> str | None:
 
 
 def _reshape_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite_convert import _layout_noop
+    from runners.tflite import _layout_noop
 
     for t in (node.inputs[0], node.outputs[0]):
         shape = _shape(graph, t)
@@ -352,7 +352,7 @@ class VelaCapabilities(Capabilities):
     style = "graph"
 
     def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
-        from runners.tflite_convert import convertible
+        from runners.tflite import convertible
 
         why = convertible(node, graph)
         if why is not None:
@@ -649,8 +649,8 @@ class VelaToolchain(Toolchain):
                                build_s=time.perf_counter() - t0)
 
         try:
-            from collage_farm.graph import load_graph
-            from runners.tflite_convert import ConversionError, UnsupportedOp, convert
+            from collage_farm.core.graph import load_graph
+            from runners.tflite import ConversionError, UnsupportedOp, convert
 
             graph = load_graph(inp.onnx_bytes)
         except Exception as e:

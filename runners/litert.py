@@ -4,7 +4,7 @@ Why a third one: with only ONNX Runtime and OpenVINO, the field notes found no m
 best single toolchain end to end; a toolchain with different kernels (XNNPACK's packed-weight
 convolutions and depthwise kernels, NHWC throughout) gives the Collage search more to win per
 operator. LiteRT runs TFLite, not ONNX, so candidates go through the in-repo ONNX -> TFLite
-writer (`runners.tflite_convert`) in its **fp32** mode (no quantisation, no calibration ranges),
+writer (`runners.tflite`) in its **fp32** mode (no quantisation, no calibration ranges),
 the same writer the Ethos-U runner uses in int8 mode.
 
 Capabilities: exactly the nodes the converter maps in fp32 mode
@@ -26,12 +26,12 @@ build details record how many delegate partitions there are and which ops were l
 interpreter from it.
 
 Layout: every rank-4 tensor of the TFLite model, its graph inputs and outputs included, is NHWC
-(see `runners.tflite_convert`), described by `IOSpec`s read back from the interpreter, and the
+(see `runners.tflite`), described by `IOSpec`s read back from the interpreter, and the
 boundary transposes. **Measure** writes the (transposed) inputs into the interpreter once and
 times only ``invoke()``, with the loop and `MeasureConfig` every CPU toolchain uses, so the cost
 is comparable with ONNX Runtime's ``run_with_iobinding`` and OpenVINO's ``infer()``. A plan
 also pays the layout boundary: `run_outputs` (what the partitioned executor calls,
-`collage_farm.executor._generic_runtime`, once per partition per run, inside the timed
+`collage_farm.execute._generic_runtime`, once per partition per run, inside the timed
 end-to-end region) transposes NCHW inputs into the NHWC input buffers, invokes, and transposes
 the outputs out into new arrays (one copy each way). The crossing is timed once per candidate
 (median of a few crossings, `_bind_inputs`) and **added to every sample** (details:
@@ -40,7 +40,7 @@ plan. (Before, it was left out and LiteRT partitions looked cheaper than they ra
 resnet18-64, a chain of 6 LiteRT chunks ran ~1.2 ms over the whole model,
 bench/results/cut-diagnostics-vm.md.)
 
-Feeds are seeded from the fingerprint exactly as `collage_farm.graph.random_inputs` seeds them
+Feeds are seeded from the fingerprint exactly as `collage_farm.core.graph.random_inputs` seeds them
 for the ONNX model (float32 standard normal per input, integers in [0, 4) for integer inputs such
 as token ids, in graph-input order), so LiteRT sees the same data as ONNX Runtime and OpenVINO
 for the same candidate.
@@ -72,9 +72,9 @@ from runners.measure import summarize, time_callable
 if TYPE_CHECKING:
     import numpy as np
 
-    from collage_farm.graph import DataflowGraph, Node
-    from collage_farm.target import Target
-    from runners.tflite_convert import IOSpec
+    from collage_farm.core.graph import DataflowGraph, Node
+    from collage_farm.core.target import Target
+    from runners.tflite import IOSpec
 
 __all__ = ["LiteRTCapabilities", "LiteRTToolchain"]
 
@@ -92,7 +92,7 @@ class LiteRTCapabilities(Capabilities):
     style = "graph"
 
     def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
-        from runners.tflite_convert import convertible  # numpy only; no LiteRT, no Vela
+        from runners.tflite import convertible  # numpy only; no LiteRT, no Vela
 
         why = convertible(node, graph, "fp32")
         return None if why is None else f"litert: {why}"
@@ -118,7 +118,7 @@ class _Handle:
 
 def _io_specs(details: list[dict[str, Any]]) -> tuple[IOSpec, ...]:
     """IOSpecs from the interpreter's tensor details (rank 4: NHWC in TFLite, NCHW in ONNX)."""
-    from runners.tflite_convert import IOSpec
+    from runners.tflite import IOSpec
 
     out = []
     for d in details:
@@ -256,21 +256,21 @@ class LiteRTToolchain(Toolchain):
                     parts.append(f"{pkg} {version(pkg)}")
                 except PackageNotFoundError:
                     parts.append(f"{pkg} ?")
-            from runners.tflite_convert import CONVERTER_REVISION
+            from runners.tflite import CONVERTER_REVISION
 
             self._version = ("; ".join(parts) + "; xnnpack default delegate; tflite_convert fp32"
                              f" r{CONVERTER_REVISION}; cost = invoke + layout boundary")
         return self._version
 
     def build(self, inp: BuildInput) -> BuildResult:
-        from runners.tflite_convert import ConversionError
+        from runners.tflite import ConversionError
 
         t0 = time.perf_counter()
         if not inp.onnx_bytes:
             return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
                                error="empty ONNX model")
         try:
-            from runners.tflite_convert import convert
+            from runners.tflite import convert
 
             converted = convert(inp.onnx_bytes, mode="fp32")
         except ConversionError as e:  # UnsupportedOp and anything the writer cannot express
@@ -363,7 +363,8 @@ class LiteRTToolchain(Toolchain):
         return _read_outputs(handle)
 
     def feeds(self, handle: _Handle, seed: int) -> dict[str, np.ndarray]:
-        """ONNX-layout feeds seeded like `collage_farm.graph.random_inputs` on the ONNX model."""
+        """ONNX-layout feeds seeded like `collage_farm.core.graph.random_inputs` on the ONNX
+        model."""
         import numpy as np
 
         rng = np.random.default_rng(seed)

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collage_farm.target import Target
+from collage_farm.core.target import Target
 from runners.base import (
     BuildInput,
     BuildResult,

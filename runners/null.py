@@ -45,8 +45,8 @@ from runners.base import (
 )
 
 if TYPE_CHECKING:
-    from collage_farm.graph import DataflowGraph, Node
-    from collage_farm.target import Target
+    from collage_farm.core.graph import DataflowGraph, Node
+    from collage_farm.core.target import Target
 
 __all__ = ["NullCapabilities", "NullToolchain", "fake_cost"]
 

@@ -1,7 +1,7 @@
 """Measured transition costs: what crossing a partition boundary costs on this machine.
 
 Why measure, and what exactly. The search adds, per partition, its candidate's measured cost
-plus a transition penalty (`collage_farm.transition`). A candidate's measured cost already
+plus a transition penalty (`collage_farm.core.transition`). A candidate's measured cost already
 contains one call of its toolchain (the session launch, the Python binding) and whatever the
 toolchain does at its own edges (OpenVINO's reorders from NCHW into its blocked layout and
 back): the candidate was measured as a standalone model with plain inputs and outputs. So the
@@ -13,9 +13,9 @@ slower than it runs). That excess is measured directly, the same way plans run:
   measured alone, exactly like a candidate (the toolchain's ``measure``, the campaign's
   `MeasureConfig`, its mode included);
 * ``pipe``: two such partitions chained, the first one's output buffer bound as the second
-  one's input, run with the executor's binding (`collage_farm.executor`, how plans run) and
+  one's input, run with the executor's binding (`collage_farm.execute`, how plans run) and
   timed warm, like a plan end to end;
-* the boundary excess is ``pipe - 2 x iso`` at each size; `collage_farm.transition`
+* the boundary excess is ``pipe - 2 x iso`` at each size; `collage_farm.core.transition`
   fits ``fixed + per_byte x nbytes`` over the sizes (`MeasuredTransitionModel`). The fixed part
   is the per-partition launch penalty, the per-byte part is split between the tensor's two
   sides (the search charges a hand-off on leaving one partition and on entering the next);
@@ -36,7 +36,7 @@ Rows are ordinary cost-table rows (``kind=measured``) with fingerprints::
 
 ``<device>`` is the virtual device label (``cpu:0``, ``cuda:1``). The target column is the
 target the rows were measured for (copy rows: a synthetic ``copy`` target on the source device),
-so `collage_farm.transition.MeasuredTransitionModel.from_rows` can read them back on any
+so `collage_farm.core.transition.MeasuredTransitionModel.from_rows` can read them back on any
 machine, offline included.
 """
 
@@ -47,7 +47,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from collage_farm.target import Target, VirtualDevice
+from collage_farm.core.target import Target, VirtualDevice
 from runners.base import (
     BuildInput,
     DeviceDescription,
@@ -165,7 +165,7 @@ def _iso(tc: Any, target: Target, nbytes: int, config: MeasureConfig, fp: str
 def _pipe(target: Target, nbytes: int, config: MeasureConfig, fp: str,
           device: DeviceDescription, version: str) -> MeasureResult:
     """Two identity partitions chained with the executor's binding, timed warm end to end."""
-    from collage_farm.executor import PlanExecutor, make_runtime
+    from collage_farm.execute import PlanExecutor, make_runtime
 
     t0 = time.perf_counter()
     warm = _warm(config)
@@ -188,7 +188,7 @@ def _pipe(target: Target, nbytes: int, config: MeasureConfig, fp: str,
                          summary=summarize(samples, medians),
                          measure_s=time.perf_counter() - t0,
                          details=(("stages", 2), ("nbytes", int(nbytes)),
-                                  ("binding", "collage_farm.executor")), **common)
+                                  ("binding", "collage_farm.execute")), **common)
 
 
 def measure_toolchain_transitions(target: Target, config: MeasureConfig | None = None,

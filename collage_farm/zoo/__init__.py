@@ -12,7 +12,7 @@ comparisons of partitioned vs whole models run on these models and need real sig
 
 Every model is plain ONNX built with `onnx.helper` (IR version 10, opset 17, the default
 domain only), has static shapes, unique meaningful node names (``layer3/attn/qkv_matmul``) and
-loads with `collage_farm.graph.load_graph`.
+loads with `collage_farm.core.graph.load_graph`.
 
 Public API: `names`, `build`, `describe`, `export`. `GraphBuilder` is the small helper the
 model modules share.
@@ -285,7 +285,7 @@ def export(name: str, path: str | os.PathLike, *, seed: int = 0, layers: int | N
 
     Models whose weights exceed ~1.8 GB (protobuf's 2 GiB message limit) are saved with their
     initializers in one external data file beside the model, ``<file name>.data``, which
-    `onnx.load` and `collage_farm.graph.load_graph` read back transparently.
+    `onnx.load` and `collage_farm.core.graph.load_graph` read back transparently.
     """
     model = build(name, seed=seed, layers=layers, **kw)
     path = Path(path)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import onnx
 
-from collage_farm.graph import DataflowGraph, ModelError, bind_input_shapes, load_graph
+from collage_farm.core.graph import DataflowGraph, ModelError, bind_input_shapes, load_graph
 
 log = logging.getLogger(__name__)
 

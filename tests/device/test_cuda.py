@@ -13,8 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from collage_farm.graph import random_inputs
-from collage_farm.target import CPU0, CUDA0, Target
+from collage_farm.core.graph import random_inputs
+from collage_farm.core.target import CPU0, CUDA0, Target
 from runners.base import BuildInput, MeasureConfig, MeasureInput, Status
 from runners.registry import get_toolchain
 
@@ -118,7 +118,7 @@ def test_cuda_candidates_evict_the_gpu_l2_not_the_host(mode: str) -> None:
 
 def test_host_cuda_copies_are_measured_both_ways() -> None:
     _skip_unless("ort-cuda")
-    from collage_farm.target import CPU0
+    from collage_farm.core.target import CPU0
     from runners.transitions import measure_copies
 
     rows = list(measure_copies([(CPU0, CUDA0), (CUDA0, CPU0)],

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from collage_farm import zoo
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
-from collage_farm.executor import PlanExecutor, compare_interleaved
-from collage_farm.graph import DataflowGraph, load_graph
-from collage_farm.plan import make_plan, write_plan
-from collage_farm.search import PlannedPartition, SearchResult
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import Target, parse_targets
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import DataflowGraph, load_graph
+from collage_farm.core.plan import make_plan, write_plan
+from collage_farm.core.search import PlannedPartition, SearchResult
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import Target, parse_targets
+from collage_farm.execute import PlanExecutor, compare_interleaved
 from runners.base import MeasureConfig
 from runners.registry import get_toolchain
 

@@ -20,7 +20,7 @@ pytest.importorskip("ethosu.regor")
 
 import ray
 
-from collage_farm.target import BUILTIN_TARGETS
+from collage_farm.core.target import BUILTIN_TARGETS
 
 
 def test_mnist_campaign_on_ethos_u55_gives_a_simulated_plan(ray_cluster: Any, make_farm: Any,

@@ -17,10 +17,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.graph import load_graph
-from collage_farm.rules import RuleOptions, all_candidates, default_spec
-from collage_farm.target import BUILTIN_TARGETS, CPU0, Target
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.graph import load_graph
+from collage_farm.core.rules import RuleOptions, all_candidates, default_spec
+from collage_farm.core.target import BUILTIN_TARGETS, CPU0, Target
 from runners.base import BuildInput, MeasureConfig, Status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def candidates(model: str = "resnet18", depth: int = 1, target: Target | None = 
 
 
 def requests_for(cands: list[CandidatePartition], config: MeasureConfig = FAST) -> list[Any]:
-    from collage_farm.farm import MeasureRequest
+    from runners.base import MeasureRequest
 
     out = []
     seen: set[str] = set()

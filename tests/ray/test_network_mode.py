@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from collage_farm.target import BUILTIN_TARGETS
+from collage_farm.core.target import BUILTIN_TARGETS
 from tests.ray.test_farm import FAST, candidates, table_rows
 
 

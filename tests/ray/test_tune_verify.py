@@ -27,9 +27,9 @@ import pytest
 
 from collage_farm.campaign import TuneOptions, load_source, run_tune
 from collage_farm.cli import main
+from collage_farm.core.target import parse_targets
 from collage_farm.costtable import CostTable, CostTableWriter
-from collage_farm.executor import PlanExecutor
-from collage_farm.target import parse_targets
+from collage_farm.execute import PlanExecutor
 
 pytest.importorskip("openvino")
 

@@ -33,8 +33,8 @@ import pyarrow.parquet as pq
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from collage_farm.core.graph import ModelError, load_graph
 from collage_farm.costtable import CostTable, CostTableWarning, CostTableWriter
-from collage_farm.graph import ModelError, load_graph
 
 REPO = Path(__file__).resolve().parents[2]
 BIG_ROWS = 2**31 // 16 + 2**25  # an [N, 4] float32 table of 2.5 GiB
@@ -415,12 +415,12 @@ def _good_plan(d: Path) -> Path:
     import json as _json
 
     from collage_farm import zoo
-    from collage_farm.candidate import CandidatePartition
-    from collage_farm.cost import Cost
-    from collage_farm.plan import make_plan, write_plan
-    from collage_farm.search import PlannedPartition, SearchResult
-    from collage_farm.subgraph import SubGraph
-    from collage_farm.target import parse_targets
+    from collage_farm.core.candidate import CandidatePartition
+    from collage_farm.core.cost import Cost
+    from collage_farm.core.plan import make_plan, write_plan
+    from collage_farm.core.search import PlannedPartition, SearchResult
+    from collage_farm.core.subgraph import SubGraph
+    from collage_farm.core.target import parse_targets
 
     g = load_graph(zoo.build("mnist"), name="mnist")
     ort, ov = parse_targets("ort-cpu,openvino-cpu")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collage_farm.cli_cluster import add_cluster_parser, check_cluster_config, run_cluster
+from collage_farm.cli.cluster import add_cluster_parser, check_cluster_config, run_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = REPO / "cluster.yaml"

@@ -25,8 +25,8 @@ from collage_farm.config import (
     vela_ini_path,
     vela_ini_sections,
 )
-from collage_farm.target import BUILTIN_TARGETS, CPU0, UnknownTargetError, VirtualDevice
-from collage_farm.transition import DEFAULT_LINKS, ZeroTransitionModel
+from collage_farm.core.target import BUILTIN_TARGETS, CPU0, UnknownTargetError, VirtualDevice
+from collage_farm.core.transition import DEFAULT_LINKS, ZeroTransitionModel
 
 MB = 1_000_000
 CUDA0, CUDA1 = VirtualDevice("cuda", 0), VirtualDevice("cuda", 1)
@@ -544,7 +544,7 @@ def test_resolve_targets_errors():
 
 
 def _parser() -> argparse.ArgumentParser:
-    from collage_farm.cli_targets import add_config_args
+    from collage_farm.cli.targets import add_config_args
 
     p = argparse.ArgumentParser()
     p.add_argument("--targets", default="ort-cpu,openvino-cpu")
@@ -553,7 +553,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_config_args_app_selection_wins_over_the_default_targets(tmp_path):
-    from collage_farm.cli_targets import config_from_args
+    from collage_farm.cli.targets import config_from_args
 
     app = write(tmp_path, "a.yaml", "system: gpu\ntargets: [ort-tensorrt]\n")
     args = _parser().parse_args(["--app", str(app)])
@@ -617,7 +617,7 @@ def test_cuda_tf32_option_is_known_and_its_default_is_implicit(tmp_path):
 
 
 def test_target_show_says_whether_it_can_run_here():
-    from collage_farm.cli_targets import _show_data, _show_text
+    from collage_farm.cli.targets import _show_data, _show_text
 
     cpu = _show_data("ort-cpu", None)
     assert cpu["target"]["available"] is None
@@ -653,8 +653,8 @@ def test_the_readme_example_files_load_and_their_pins_bind_to_mnist() -> None:
     """`examples/my-board.yaml` + `examples/my-app.yaml` are what the README tells users to
     copy: they must stay valid as the schema moves, and their pins must fit a zoo model."""
     from collage_farm import zoo
-    from collage_farm.graph import load_graph
-    from collage_farm.pins import check_pins
+    from collage_farm.core.graph import load_graph
+    from collage_farm.core.pins import check_pins
 
     ex = Path(__file__).resolve().parents[2] / "examples"
     cfg = load_config(ex / "my-board.yaml", ex / "my-app.yaml")

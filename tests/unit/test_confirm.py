@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from collage_farm import zoo
 from collage_farm.campaign import build_specs, confirm
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
-from collage_farm.graph import DataflowGraph, load_graph
-from collage_farm.rules import RuleOptions, all_candidates
-from collage_farm.search import search
-from collage_farm.target import parse_targets
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import DataflowGraph, load_graph
+from collage_farm.core.rules import RuleOptions, all_candidates
+from collage_farm.core.search import search
+from collage_farm.core.target import parse_targets
 from estimators.base import CostEstimator
 from estimators.mock import MockEstimator
 

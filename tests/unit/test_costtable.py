@@ -32,7 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import collage_farm.costtable as ct
-from collage_farm import cli_costs
+from collage_farm.cli import costs as cli_costs
+from collage_farm.core.target import BUILTIN_TARGETS
 from collage_farm.costtable import (
     NAMES,
     SCHEMA,
@@ -45,7 +46,6 @@ from collage_farm.costtable import (
     row_from_result,
     schema_markdown,
 )
-from collage_farm.target import BUILTIN_TARGETS
 from runners.base import DeviceDescription, Kind, MeasureConfig, MeasureResult, Status, Summary
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from collage_farm.graph import load_graph, random_inputs
-from collage_farm.target import CPU0, Target
+from collage_farm.core.graph import load_graph, random_inputs
+from collage_farm.core.target import CPU0, Target
 from runners.base import BuildInput, MeasureConfig, MeasureInput, Status
 from runners.cpu import (
     OPENVINO_OPS,

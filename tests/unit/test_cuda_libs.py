@@ -51,7 +51,7 @@ def test_tensorrt_loading_is_tried_once_per_process(monkeypatch: pytest.MonkeyPa
 
 def test_tensorrt_build_fails_with_the_library_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the EP's libraries are missing, a build is a clear failure, not a CPU fallback."""
-    from collage_farm.target import CUDA0, Target
+    from collage_farm.core.target import CUDA0, Target
     from runners.base import BuildInput
 
     monkeypatch.setattr(cuda, "_preloaded", {"cuda": None, "trt": "libnvinfer.so.10: missing"})

@@ -1,4 +1,5 @@
-"""Measured cut costs (`collage_farm.cutcost`): chunking laws and a real ORT/OpenVINO probe."""
+"""Measured cut costs (`collage_farm.probes.cutcost`): chunking laws and a real ORT/OpenVINO
+probe."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from hypothesis import strategies as st
 
 from collage_farm import zoo
 from collage_farm.campaign import with_cut_costs
-from collage_farm.cutcost import chunk_masks, measure_cut_costs
-from collage_farm.graph import load_graph
-from collage_farm.subgraph import iter_bits
-from collage_farm.target import BUILTIN_TARGETS as T
-from collage_farm.transition import AnalyticTransitionModel, WithCutCosts
+from collage_farm.core.graph import load_graph
+from collage_farm.core.subgraph import iter_bits
+from collage_farm.core.target import BUILTIN_TARGETS as T
+from collage_farm.core.transition import AnalyticTransitionModel, WithCutCosts
+from collage_farm.probes.cutcost import chunk_masks, measure_cut_costs
 from tests.strategies import unary_chain
 
 
@@ -74,7 +75,7 @@ def test_cut_costs_land_in_the_cost_table_and_are_reused(tmp_path) -> None:
     """A second campaign on the same model and host reads the probe back: same penalties, so
     the lazy search asks for the same candidates; offline campaigns reuse, never measure."""
     from collage_farm.costtable import CostTable
-    from collage_farm.cutcost import cached_cut_costs, cut_fingerprint
+    from collage_farm.probes.cutcost import cached_cut_costs, cut_fingerprint
 
     g = load_graph(zoo.build("mnist"), name="mnist")
     targets = [T["ort-cpu"], T["openvino-cpu"]]

@@ -10,11 +10,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
-from collage_farm.graph import DataflowGraph, load_graph
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import BUILTIN_TARGETS, CPU0, Target
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import DataflowGraph, load_graph
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import BUILTIN_TARGETS, CPU0, Target
 from estimators.analytic import FAST_CONV_FACTOR, AnalyticEstimator, node_flops, sub_graph_work
 from estimators.mock import MockEstimator
 from estimators.table import MissingCostsError, TableEstimator
@@ -178,8 +178,8 @@ def test_mock_is_deterministic_and_structural(tiny: DataflowGraph) -> None:
 
 def test_mock_drives_a_search() -> None:
     zoo = _zoo()
-    from collage_farm.rules import RuleOptions, all_candidates, default_spec
-    from collage_farm.search import search
+    from collage_farm.core.rules import RuleOptions, all_candidates, default_spec
+    from collage_farm.core.search import search
     from runners.registry import capabilities_for
 
     g = load_graph(zoo.build("mnist"), name="mnist")
@@ -324,10 +324,10 @@ def test_no_cover_names_the_failures_of_the_node_it_stopped_at(tmp_path: Path) -
     string tensors, a type error in the model): the error now quotes the rows' own words, one
     per target, from an offline table whose rows for one node failed."""
     from collage_farm.campaign import TuneOptions, run_tune
+    from collage_farm.core.rules import RuleOptions, all_candidates
+    from collage_farm.core.search import NoCoverError
+    from collage_farm.core.target import parse_targets
     from collage_farm.costtable import CostTableWriter, row_from_result
-    from collage_farm.rules import RuleOptions, all_candidates
-    from collage_farm.search import NoCoverError
-    from collage_farm.target import parse_targets
     from runners.base import DeviceDescription, MeasureConfig, MeasureResult, Status, Summary
 
     zoo = _zoo()

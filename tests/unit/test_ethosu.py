@@ -19,13 +19,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from collage_farm import zoo
-from collage_farm.graph import DataflowGraph, load_graph
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import BUILTIN_TARGETS, ETHOS_U_CONFIGS, Target, VirtualDevice
+from collage_farm.core.graph import DataflowGraph, load_graph
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import BUILTIN_TARGETS, ETHOS_U_CONFIGS, Target, VirtualDevice
 from runners.base import BuildInput, BuildResult, Kind, MeasureConfig, MeasureInput, Status
 from runners.calibration import calibrate
 from runners.registry import get_toolchain
-from runners.tflite_convert import SUPPORTED_OPS, convert, convertible
+from runners.tflite import SUPPORTED_OPS, convert, convertible
 
 regor = pytest.importorskip("ethosu.regor")
 
@@ -102,7 +102,7 @@ def test_capabilities_import_nothing_heavy() -> None:
     code = (
         "import sys\n"
         "from collage_farm import zoo\n"
-        "from collage_farm.graph import load_graph\n"
+        "from collage_farm.core.graph import load_graph\n"
         "from runners.registry import capabilities_for\n"
         "g = load_graph(zoo.build('mnist'))\n"
         "caps = capabilities_for('vela')\n"

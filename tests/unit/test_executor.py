@@ -19,16 +19,16 @@ import onnx
 import pytest
 
 from collage_farm import zoo
-from collage_farm.candidate import CandidatePartition
 from collage_farm.cli import main
-from collage_farm.cost import Cost
-from collage_farm.executor import ExecutionMismatch, PlanExecutor, compare_outputs
-from collage_farm.graph import DataflowGraph, load_graph
-from collage_farm.plan import make_plan, write_plan
-from collage_farm.refine import Part
-from collage_farm.search import PlannedPartition, SearchResult
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import parse_targets
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import DataflowGraph, load_graph
+from collage_farm.core.plan import make_plan, write_plan
+from collage_farm.core.search import PlannedPartition, SearchResult
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import parse_targets
+from collage_farm.execute import ExecutionMismatch, PlanExecutor, compare_outputs
+from collage_farm.postsearch.refine import Part
 from runners.base import MeasureConfig
 
 pytest.importorskip("openvino")
@@ -146,7 +146,7 @@ def test_tf32_tolerance_accepts_what_an_h100_gave_and_still_catches_wiring() -> 
 
 
 def test_loosest_precision_orders_fp32_tf32_fp16_int8() -> None:
-    from collage_farm.executor import loosest, tolerance_label
+    from collage_farm.execute import loosest, tolerance_label
 
     assert loosest([]) == "fp32"
     assert loosest(["fp32", "tf32"]) == "tf32"
@@ -157,7 +157,7 @@ def test_loosest_precision_orders_fp32_tf32_fp16_int8() -> None:
 
 
 def test_cuda_targets_state_their_precision() -> None:
-    from collage_farm.target import CUDA0, Target
+    from collage_farm.core.target import CUDA0, Target
     from runners.cuda import OrtCudaToolchain, OrtTensorRTToolchain
 
     cuda, trt = OrtCudaToolchain(), OrtTensorRTToolchain()
@@ -193,7 +193,7 @@ def test_run_cli_json_reports_measured_and_additive_error(mnist: DataflowGraph,
 
 def test_executors_sharing_runtimes_keep_their_own_buffers(mnist: DataflowGraph) -> None:
     """Refinement times two plans side by side with shared sessions: no cross-talk."""
-    from collage_farm.refine import PlanBuilder
+    from collage_farm.postsearch.refine import PlanBuilder
 
     b = PlanBuilder(mnist)
     a_parts = chunks(mnist, 2)
@@ -217,9 +217,9 @@ def test_run_times_each_plan_target_whole_with_its_options(mnist: DataflowGraph,
     the plan's options: a partition on an OpenVINO f16 variant is compared with OpenVINO f16
     whole (it was OpenVINO's defaults, labelled "openvino"), and two variants of one toolchain
     are two singles, not one."""
-    import collage_farm.executor as executor_mod
-    from collage_farm.executor import Single, compare_interleaved
-    from collage_farm.target import CPU0, Target
+    import collage_farm.execute as executor_mod
+    from collage_farm.core.target import CPU0, Target
+    from collage_farm.execute import Single, compare_interleaved
 
     ov16 = Target.make("ov16", "openvino", CPU0, {"precision": "f16"})
     parts = [Part(p.mask, ORT if p.target == ORT else ov16) for p in chunks(mnist, 2)]

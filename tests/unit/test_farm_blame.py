@@ -22,6 +22,7 @@ import pytest
 
 farm_mod = pytest.importorskip("collage_farm.farm")  # imports ray; starts nothing
 
+from collage_farm.core.target import CPU0, Target  # noqa: E402
 from collage_farm.farm import (  # noqa: E402
     Farm,
     MeasureRequest,
@@ -31,7 +32,6 @@ from collage_farm.farm import (  # noqa: E402
     _Work,
     blame,
 )
-from collage_farm.target import CPU0, Target  # noqa: E402
 from runners.base import BuildInput, MeasureResult, Status  # noqa: E402
 
 SOCKET_CLOSED = ("ActorUnavailableError: The actor is temporarily unavailable: RpcError: RPC "

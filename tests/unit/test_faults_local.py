@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from collage_farm.core.target import CPU0, Target
 from collage_farm.costtable import CostTable, staging_dir
-from collage_farm.target import CPU0, Target
 from runners.base import BuildInput, Status
 from runners.local import LocalRunner
 from tests.unit.test_isolation import MODEL

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collage_farm import zoo
-from collage_farm.graph import load_graph
-from collage_farm.rules import RuleOptions, all_candidates, default_spec
-from collage_farm.target import BUILTIN_TARGETS as T
+from collage_farm.core.graph import load_graph
+from collage_farm.core.rules import RuleOptions, all_candidates, default_spec
+from collage_farm.core.target import BUILTIN_TARGETS as T
 
 SMALL = {"width": 32, "heads": 2, "vocab": 50, "seq_len": 8}
 

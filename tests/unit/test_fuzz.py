@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from collage_farm.graph import DataflowGraph, ModelError, load_graph, random_inputs
-from collage_farm.subgraph import SubGraph
+from collage_farm.core.graph import DataflowGraph, ModelError, load_graph, random_inputs
+from collage_farm.core.subgraph import SubGraph
 from collage_farm.zoo.random_dag import random_dag
 from tests.strategies import dags
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 
-from collage_farm.graph import ModelError, OpKind, load_graph, parse_shape, random_inputs
+from collage_farm.core.graph import ModelError, OpKind, load_graph, parse_shape, random_inputs
 from tests.strategies import dags
 
 
@@ -125,7 +125,7 @@ def test_negative_dim_value_is_dynamic():
 
 
 def test_bind_input_shapes_on_the_original_model():
-    from collage_farm.graph import bind_input_shapes
+    from collage_farm.core.graph import bind_input_shapes
 
     m = _paddle_style_model()
     bind_input_shapes(m, {"x": (2, 3, 8, 8)})

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from onnx import TensorProto, helper
 
-from collage_farm.target import CPU0, Target
+from collage_farm.core.target import CPU0, Target
 from runners.base import BuildInput, MeasureConfig, MeasureInput, Status
 from runners.isolation import WorkerError, WorkerProcess, describe_exit
 from runners.local import LocalRunner

@@ -17,9 +17,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from collage_farm import zoo
-from collage_farm.graph import load_graph, random_inputs
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import BUILTIN_TARGETS
+from collage_farm.core.graph import load_graph, random_inputs
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import BUILTIN_TARGETS
 from runners.base import BuildInput, Kind, MeasureConfig, MeasureInput, Status
 from runners.registry import available_toolchains, capabilities_for, get_toolchain
 
@@ -186,7 +186,7 @@ def test_capabilities_agree_with_the_converter_on_the_zoo() -> None:
     g = load_graph(zoo.build("gpt2", layers=1, seq_len=8, width=32, heads=2, vocab=64))
     refused = {n.op_type for n in g.nodes if caps.why_not(n, g) is not None}
     assert not refused, refused
-    from runners.tflite_convert import convert, convertible
+    from runners.tflite import convert, convertible
 
     assert convert(g, mode="fp32").mode == "fp32"
     int8_refused = {n.op_type for n in g.nodes if convertible(n, g) is not None}
@@ -226,9 +226,9 @@ def test_delegation_parsing() -> None:
 def test_executor_runs_a_mixed_ort_litert_plan(tmp_path) -> None:
     """A plan with LiteRT and ORT partitions (pinned so both appear) runs and matches."""
     from collage_farm.campaign import TuneOptions, run_tune
-    from collage_farm.executor import PlanExecutor
-    from collage_farm.pins import Pin, PinSet
-    from collage_farm.target import parse_targets
+    from collage_farm.core.pins import Pin, PinSet
+    from collage_farm.core.target import parse_targets
+    from collage_farm.execute import PlanExecutor
     from estimators.mock import MockEstimator
 
     pins = PinSet((Pin(node="features.2/*", target="ort-cpu"),

@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import runners.measure as measure
+from collage_farm.core.target import get_target
 from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
-from collage_farm.target import get_target
 from runners.base import (
     DEFAULT_MODE,
     MEASURE_MODES,

@@ -20,16 +20,16 @@ import onnxruntime as ort
 import pytest
 
 from collage_farm.campaign import load_source
-from collage_farm.candidate import CandidatePartition
 from collage_farm.cli import main
-from collage_farm.cost import Cost
-from collage_farm.executor import PlanExecutor, reference_model
-from collage_farm.graph import DataflowGraph, ModelError, random_inputs
-from collage_farm.plan import load_plan, make_plan, write_plan
-from collage_farm.rules import RuleOptions, all_candidates, default_spec
-from collage_farm.search import PlannedPartition, SearchResult
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import parse_targets
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import DataflowGraph, ModelError, random_inputs
+from collage_farm.core.plan import load_plan, make_plan, write_plan
+from collage_farm.core.rules import RuleOptions, all_candidates, default_spec
+from collage_farm.core.search import PlannedPartition, SearchResult
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import parse_targets
+from collage_farm.execute import PlanExecutor, reference_model
 from collage_farm.zoo import packaged
 from runners.registry import capabilities_for
 

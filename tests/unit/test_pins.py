@@ -7,11 +7,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from collage_farm.config import ConfigError, load_config
-from collage_farm.graph import load_graph
-from collage_farm.pins import Pin, PinSet, check_pins, device_matches, filter_candidates
-from collage_farm.rules import RuleOptions, all_candidates, default_spec
-from collage_farm.target import BUILTIN_TARGETS as T
-from collage_farm.target import VirtualDevice
+from collage_farm.core.graph import load_graph
+from collage_farm.core.pins import Pin, PinSet, check_pins, device_matches, filter_candidates
+from collage_farm.core.rules import RuleOptions, all_candidates, default_spec
+from collage_farm.core.target import BUILTIN_TARGETS as T
+from collage_farm.core.target import VirtualDevice
 
 CPU, CUDA = T["ort-cpu"], T["ort-cuda"]
 
@@ -187,7 +187,7 @@ def test_pins_from_config(tmp_path):
 
 
 def test_pinned_plan_is_honoured_and_never_cheaper(graph):
-    from collage_farm.search import search
+    from collage_farm.core.search import search
     from estimators.mock import MockEstimator
 
     cfg = load_config(builtin_system="gpu")
@@ -223,7 +223,7 @@ def test_pinned_plan_is_honoured_and_never_cheaper(graph):
 def test_split_across_two_gpus_pays_the_configured_peer_link(graph, tmp_path):
     """Pins force a plan across cuda:0 and cuda:1; the peer link in the system file is paid."""
     from collage_farm.config import builtin_system_path
-    from collage_farm.search import search
+    from collage_farm.core.search import search
     from estimators.mock import MockEstimator
 
     text = builtin_system_path("gpu2").read_text()

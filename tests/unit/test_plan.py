@@ -9,11 +9,11 @@ import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from collage_farm.graph import load_graph, random_inputs
-from collage_farm.plan import PlanError, load_plan, make_plan, write_plan
-from collage_farm.rules import all_candidates, default_spec
-from collage_farm.search import search
-from collage_farm.target import BUILTIN_TARGETS as T
+from collage_farm.core.graph import load_graph, random_inputs
+from collage_farm.core.plan import PlanError, load_plan, make_plan, write_plan
+from collage_farm.core.rules import all_candidates, default_spec
+from collage_farm.core.search import search
+from collage_farm.core.target import BUILTIN_TARGETS as T
 from tests.strategies import dags
 from tests.unit.test_search import HashEstimator
 

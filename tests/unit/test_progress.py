@@ -13,8 +13,8 @@ import math
 import pytest
 
 import collage_farm.farm as farm_mod
+from collage_farm.core.target import CPU0, CUDA0, Target
 from collage_farm.farm import Progress
-from collage_farm.target import CPU0, CUDA0, Target
 from runners.base import BuildResult, MeasureConfig, MeasureResult, Status
 
 

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 import pytest
 
 from collage_farm import zoo
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
-from collage_farm.graph import load_graph
-from collage_farm.rules import RuleOptions, all_candidates, default_spec
-from collage_farm.search import search
-from collage_farm.target import BUILTIN_TARGETS
-from collage_farm.transition import AnalyticTransitionModel
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import load_graph
+from collage_farm.core.rules import RuleOptions, all_candidates, default_spec
+from collage_farm.core.search import search
+from collage_farm.core.target import BUILTIN_TARGETS
+from collage_farm.core.transition import AnalyticTransitionModel
 from estimators.mock import MockEstimator
 from runners.registry import capabilities_for
 

@@ -14,8 +14,11 @@ import pytest
 from onnx import TensorProto, helper
 
 from collage_farm import zoo
-from collage_farm.graph import DataflowGraph, load_graph
-from collage_farm.refine import (
+from collage_farm.core.graph import DataflowGraph, load_graph
+from collage_farm.core.search import SearchResult
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import parse_targets
+from collage_farm.postsearch.refine import (
     NOISE_FLOOR,
     Part,
     PlanBuilder,
@@ -27,9 +30,6 @@ from collage_farm.refine import (
     verify,
     why_invalid,
 )
-from collage_farm.search import SearchResult
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import parse_targets
 from runners.base import MeasureConfig, Summary
 
 pytest.importorskip("openvino")
@@ -82,7 +82,7 @@ def test_validity_rules() -> None:
 
 
 def test_non_convex_and_pins_rejected(mnist: DataflowGraph) -> None:
-    from collage_farm.pins import Pin, PinSet
+    from collage_farm.core.pins import Pin, PinSet
 
     n = len(mnist.nodes)
     # first and last node together, the middle elsewhere: a path leaves and re-enters
@@ -148,9 +148,9 @@ def test_refine_real_sessions_keeps_invariants(mnist: DataflowGraph) -> None:
 
 
 def test_verify_and_to_search_result(mnist: DataflowGraph) -> None:
-    from collage_farm.candidate import CandidatePartition
-    from collage_farm.cost import Cost
-    from collage_farm.search import PlannedPartition
+    from collage_farm.core.candidate import CandidatePartition
+    from collage_farm.core.cost import Cost
+    from collage_farm.core.search import PlannedPartition
 
     start = alternating(mnist)
     b = PlanBuilder(mnist)
@@ -178,8 +178,8 @@ def test_verify_and_to_search_result(mnist: DataflowGraph) -> None:
 def test_search_alternatives_explain_the_choice(mnist: DataflowGraph) -> None:
     """Runner-ups: the same nodes on another target never beat the chosen partition."""
     from collage_farm.campaign import build_specs
-    from collage_farm.rules import RuleOptions, all_candidates
-    from collage_farm.search import search
+    from collage_farm.core.rules import RuleOptions, all_candidates
+    from collage_farm.core.search import search
     from estimators.mock import MockEstimator
 
     cands = all_candidates(mnist, build_specs([ORT, OV], RuleOptions(max_depth=3)))
@@ -202,7 +202,7 @@ def test_search_alternatives_explain_the_choice(mnist: DataflowGraph) -> None:
 def test_a_move_is_kept_only_when_a_second_run_confirms_it(
         mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
     """One interleaved run's win can be drift: the move must win again in a second run."""
-    import collage_farm.executor as executor
+    import collage_farm.execute as executor
 
     def summary(ms: float) -> Summary:
         return Summary(ms * 1e-3, ms * 1e-3, 0, ms * 1e-3, ms * 1e-3, ms * 1e-3, 10, 0.0)
@@ -234,7 +234,7 @@ def test_an_undecided_move_gets_more_rounds_before_it_is_decided(
         mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
     """A move 15% faster inside a 3-round run's noise: with extend_rounds its pooled pairs
     decide it (and a confirmation run as long must agree); without, it is rejected."""
-    import collage_farm.executor as executor
+    import collage_farm.execute as executor
 
     def summary(ms: float) -> Summary:
         return Summary(ms * 1e-3, ms * 1e-3, 0, ms * 1e-3, ms * 1e-3, ms * 1e-3, 10, 0.0)
@@ -272,12 +272,12 @@ def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
                         ms: dict[str, float], pins: object) -> object:
     """`post_search` on a plan that honours ``pins``, with the interleaved timings scripted
     (``ms`` per entry; the numerical checks and builds are real)."""
-    from collage_farm import executor
+    from collage_farm import execute as executor
     from collage_farm.campaign import TuneOptions, post_search
-    from collage_farm.candidate import CandidatePartition
-    from collage_farm.cost import Cost
-    from collage_farm.search import PlannedPartition
-    from collage_farm.transition import AnalyticTransitionModel
+    from collage_farm.core.candidate import CandidatePartition
+    from collage_farm.core.cost import Cost
+    from collage_farm.core.search import PlannedPartition
+    from collage_farm.core.transition import AnalyticTransitionModel
     from estimators.mock import MockEstimator
 
     def scripted(fns, config):
@@ -303,8 +303,8 @@ def test_never_worse_falls_back_only_to_a_single_toolchain_the_pins_allow(
         mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
     """The user pinned MaxPool to OpenVINO; ORT's whole model is the fastest, the mix loses:
     the written plan must be OpenVINO's whole model, not ORT's (which breaks the pin)."""
-    from collage_farm.pins import Pin, PinSet
-    from collage_farm.refine import parts_of
+    from collage_farm.core.pins import Pin, PinSet
+    from collage_farm.postsearch.refine import parts_of
 
     pins = PinSet((Pin(op="MaxPool", target="openvino-cpu"),))
     out = _pinned_post_search(mnist, monkeypatch,
@@ -323,8 +323,8 @@ def test_never_worse_falls_back_only_to_a_single_toolchain_the_pins_allow(
 
 def test_never_worse_keeps_the_plan_when_pins_allow_no_single_toolchain(
         mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
-    from collage_farm.pins import Pin, PinSet
-    from collage_farm.refine import parts_of
+    from collage_farm.core.pins import Pin, PinSet
+    from collage_farm.postsearch.refine import parts_of
 
     pins = PinSet((Pin(op="MaxPool", target="openvino-cpu"), Pin(op="Conv", target="ort-cpu")))
     out = _pinned_post_search(mnist, monkeypatch,

@@ -21,8 +21,8 @@ import pytest
 
 from collage_farm.campaign import TuneOptions, run_tune
 from collage_farm.cli import main
+from collage_farm.core.target import parse_targets
 from collage_farm.report import layered_layout, write_report
-from collage_farm.target import parse_targets
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(n)), None)
@@ -101,8 +101,8 @@ def test_report_renders_in_headless_chromium(mock_plan: tuple[Path, dict], tmp_p
 def test_measured_report_of_a_mixed_plan_renders(tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     from collage_farm import zoo
-    from collage_farm.graph import load_graph
-    from collage_farm.refine import Part
+    from collage_farm.core.graph import load_graph
+    from collage_farm.postsearch.refine import Part
     from tests.unit.test_executor import ORT, OV, write_parts
 
     g = load_graph(zoo.build("mnist"), name="mnist")
@@ -125,7 +125,7 @@ def test_measured_report_of_a_mixed_plan_renders(tmp_path: Path) -> None:
 
 
 def test_report_needs_a_plan(tmp_path: Path) -> None:
-    from collage_farm.plan import PlanError
+    from collage_farm.core.plan import PlanError
 
     with pytest.raises(PlanError):
         write_report(tmp_path, {})

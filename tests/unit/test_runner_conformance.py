@@ -17,8 +17,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from collage_farm.graph import load_graph
-from collage_farm.target import BUILTIN_TARGETS, Target, VirtualDevice
+from collage_farm.core.graph import load_graph
+from collage_farm.core.target import BUILTIN_TARGETS, Target, VirtualDevice
 from runners.base import (
     BuildInput,
     BuildResult,
@@ -80,7 +80,7 @@ def tensor_ranges(model: onnx.ModelProto) -> tuple[tuple[str, float, float], ...
     """Calibrated (min, max) of every tensor, for toolchains that quantise."""
     import onnxruntime as ort
 
-    from collage_farm.graph import random_inputs
+    from collage_farm.core.graph import random_inputs
 
     probe = onnx.ModelProto()
     probe.CopyFrom(model)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collage_farm.cost import Cost
-from collage_farm.graph import load_graph
-from collage_farm.rules import (
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import load_graph
+from collage_farm.core.rules import (
     ANY,
     PartitionSpec,
     PatternPartitionRule,
@@ -20,10 +20,10 @@ from collage_farm.rules import (
     default_spec,
     op,
 )
-from collage_farm.search import HOST, NoCoverError, search
-from collage_farm.subgraph import SubGraphConfig
-from collage_farm.target import BUILTIN_TARGETS as T
-from collage_farm.transition import (
+from collage_farm.core.search import HOST, NoCoverError, search
+from collage_farm.core.subgraph import SubGraphConfig
+from collage_farm.core.target import BUILTIN_TARGETS as T
+from collage_farm.core.transition import (
     AnalyticTransitionModel,
     WithCutCosts,
     ZeroTransitionModel,

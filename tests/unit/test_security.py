@@ -185,7 +185,7 @@ def test_no_package_module_sets_ray_auth_mode() -> None:
 
 
 def test_plan_partition_symlinked_out_of_the_plan_directory_is_refused(tmp_path: Path) -> None:
-    from collage_farm.plan import PlanError, load_plan
+    from collage_farm.core.plan import PlanError, load_plan
     from tests.unit.test_plan import _first_dag, _tune
 
     plan_dir = tmp_path / "plan"

@@ -8,8 +8,8 @@ import onnxruntime as ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collage_farm.graph import DataflowGraph, load_graph, random_inputs
-from collage_farm.subgraph import SubGraph, SubGraphConfig
+from collage_farm.core.graph import DataflowGraph, load_graph, random_inputs
+from collage_farm.core.subgraph import SubGraph, SubGraphConfig
 from tests.strategies import dags
 
 
@@ -122,8 +122,8 @@ def test_extraction_equivalence_on_zoo_models():
     import random
 
     from collage_farm import zoo
-    from collage_farm.rules import RuleOptions, all_candidates, default_spec
-    from collage_farm.target import BUILTIN_TARGETS
+    from collage_farm.core.rules import RuleOptions, all_candidates, default_spec
+    from collage_farm.core.target import BUILTIN_TARGETS
 
     rng = random.Random(0)
     for name, kw in ZOO_SMALL.items():

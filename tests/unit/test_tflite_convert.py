@@ -21,10 +21,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from collage_farm import zoo
-from collage_farm.graph import DataflowGraph, load_graph, random_inputs
-from collage_farm.subgraph import SubGraph
+from collage_farm.core.graph import DataflowGraph, load_graph, random_inputs
+from collage_farm.core.subgraph import SubGraph
 from runners.calibration import calibrate, clear_memory_cache, model_key
-from runners.tflite_convert import (
+from runners.tflite import (
     ConvertedModel,
     MissingRangeError,
     UnsupportedOp,

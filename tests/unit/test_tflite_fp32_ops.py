@@ -24,8 +24,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from collage_farm.graph import DataflowGraph, load_graph, random_inputs
-from runners.tflite_convert import UnsupportedOp, convert, convertible
+from collage_farm.core.graph import DataflowGraph, load_graph, random_inputs
+from runners.tflite import UnsupportedOp, convert, convertible
 
 Interpreter = pytest.importorskip("ai_edge_litert.interpreter").Interpreter
 
@@ -443,7 +443,7 @@ def _flatbuffer_ops(tflite: bytes) -> list[str]:
 
 
 def _without_peephole(monkeypatch: pytest.MonkeyPatch, model: onnx.ModelProto) -> list[str]:
-    from runners import tflite_convert as tc
+    from runners import tflite as tc
 
     with monkeypatch.context() as mp:
         mp.setattr(tc._TransposeOptimiser, "run", lambda self: None)

@@ -21,17 +21,17 @@ from collage_farm.config import (
     load_config,
     scale_transitions,
 )
-from collage_farm.cost import Cost
-from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
-from collage_farm.graph import load_graph
-from collage_farm.rules import RuleOptions, all_candidates
-from collage_farm.search import search
-from collage_farm.target import CPU0, CUDA0, VirtualDevice, get_target
-from collage_farm.transition import (
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import load_graph
+from collage_farm.core.rules import RuleOptions, all_candidates
+from collage_farm.core.search import search
+from collage_farm.core.target import CPU0, CUDA0, VirtualDevice, get_target
+from collage_farm.core.transition import (
     AnalyticTransitionModel,
     measured_transition_model,
     transition_samples,
 )
+from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
 from estimators.base import CostEstimator
 from estimators.mock import MockEstimator
 from runners.base import DeviceDescription, MeasureConfig, MeasureResult, Status

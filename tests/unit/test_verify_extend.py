@@ -15,9 +15,9 @@ import math
 import numpy as np
 import pytest
 
-import collage_farm.refine as refine_mod
+import collage_farm.postsearch.refine as refine_mod
 from collage_farm.campaign import _extend, _should_extend
-from collage_farm.refine import Paired, VerifyResult, paired
+from collage_farm.postsearch.refine import Paired, VerifyResult, paired
 from runners.base import Summary
 
 

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collage_farm import zoo
-from collage_farm.graph import DataflowGraph, load_graph, random_inputs
-from collage_farm.subgraph import SubGraph
+from collage_farm.core.graph import DataflowGraph, load_graph, random_inputs
+from collage_farm.core.subgraph import SubGraph
 from collage_farm.zoo.random_dag import random_dag
 
 TINY_TF = {"layers": 2, "width": 64, "heads": 2, "vocab": 100, "seq_len": 16}

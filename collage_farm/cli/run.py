@@ -67,15 +67,15 @@ def _ms(x: float | None) -> str:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from collage_farm.executor import (
+    from collage_farm.core.graph import ModelError, parse_shape
+    from collage_farm.core.plan import PlanError
+    from collage_farm.execute import (
         ExecutionMismatch,
         PlanExecutor,
         Single,
         compare_interleaved,
         tolerance_label,
     )
-    from collage_farm.graph import ModelError, parse_shape
-    from collage_farm.plan import PlanError
 
     shapes = dict(parse_shape(s) for s in args.shape)
     ex = PlanExecutor(args.plan_dir, threads=args.threads, model=args.model, shapes=shapes)
@@ -155,9 +155,9 @@ def run_run(args: argparse.Namespace) -> int:
 
 def run_compare(args: argparse.Namespace) -> int:
     from collage_farm.campaign import load_source
-    from collage_farm.executor import PlanExecutor, Single, compare_interleaved
-    from collage_farm.graph import parse_shape
-    from collage_farm.target import parse_targets
+    from collage_farm.core.graph import parse_shape
+    from collage_farm.core.target import parse_targets
+    from collage_farm.execute import PlanExecutor, Single, compare_interleaved
 
     shapes = dict(parse_shape(s) for s in args.shape)
     graph = load_source(args.model, shapes, args.layers)
@@ -168,7 +168,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.cost_table:
         plan_parts = None
         if args.plan:
-            from collage_farm.plan import load_plan
+            from collage_farm.core.plan import load_plan
 
             plan_parts = {(tuple(p.nodes), p.target) for p in load_plan(args.plan)[0].partitions}
         spread = subgraph_spread(graph, targets, Path(args.cost_table), plan_parts)
@@ -263,8 +263,8 @@ def subgraph_spread(graph: Any, targets: Any, table_dir: Path,
     Repeated structures (the layers of a transformer) appear once, with their count.
     """
     from collage_farm.campaign import build_specs
+    from collage_farm.core.rules import RuleOptions, all_candidates
     from collage_farm.costtable import CostTable
-    from collage_farm.rules import RuleOptions, all_candidates
 
     if not table_dir.is_dir():
         raise FileNotFoundError(f"{table_dir}: no cost table directory")

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import onnx
 
-from collage_farm.graph import DataflowGraph
-from collage_farm.search import SearchResult
-from collage_farm.target import Target
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.search import SearchResult
+from collage_farm.core.target import Target
 
 PLAN_FILE = "plan.json"
 PLAN_VERSION = 1

@@ -28,7 +28,7 @@ from typing import Any
 
 import onnx
 
-from collage_farm.plan import Plan, load_plan
+from collage_farm.core.plan import Plan, load_plan
 
 __all__ = ["MAX_DRAWN_NODES", "layered_layout", "write_report"]
 
@@ -288,7 +288,7 @@ def write_report(plan_dir: str | Path, summary: dict, measured: dict | None = No
         e2e += [(f"whole model on {k}", v) for k, v in (measured.get("singles_s") or {}).items()
                 if v is not None]
         if e2e:
-            from collage_farm.cli_run import plot_bars
+            from collage_farm.cli.run import plot_bars
 
             png = plot_bars(e2e, root / "report_e2e.png",
                             f"{plan.model}: measured end to end, one interleaved run")

@@ -4,7 +4,7 @@ Why: the search adds isolated candidate costs plus a transition model, and on CP
 off by more than the mixing gain (field notes, "Mixing ORT and OpenVINO": estimates promised up
 to 9% while no mix beat the best single toolchain end to end, 0.87-1.00x; each cut costs
 OpenVINO 130-650 us on CNNs). The Collage paper's answer is a graph-level step that optimises the
-real objective. This module does that with the heterogeneous executor (`collage_farm.executor`):
+real objective. This module does that with the heterogeneous executor (`collage_farm.execute`):
 
 * **Refinement** (`refine`): first-improvement hill climbing over local moves of the plan:
   merge two neighbouring partitions onto one target (either side's), switch a partition's
@@ -47,14 +47,14 @@ from typing import Any
 
 import numpy as np
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
-from collage_farm.executor import SIMULATED_TOOLCHAINS
-from collage_farm.graph import DataflowGraph
-from collage_farm.search import PlannedPartition, SearchResult, static_penalty_s
-from collage_farm.subgraph import SubGraph, iter_bits
-from collage_farm.target import Target
-from collage_farm.transition import AnalyticTransitionModel, TransitionModel
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.search import PlannedPartition, SearchResult, static_penalty_s
+from collage_farm.core.subgraph import SubGraph, iter_bits
+from collage_farm.core.target import Target
+from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
+from collage_farm.execute import SIMULATED_TOOLCHAINS
 from runners.base import MeasureConfig, Summary
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def why_invalid(graph: DataflowGraph, parts: Sequence[Part], pins: Any = None,
 
     Valid: every node in exactly one part, every part convex, an acyclic partition order, every
     node supported by its part's toolchain (``supports(target, node_index)``, default: the
-    toolchain's capabilities) and allowed by ``pins`` (a `collage_farm.pins.PinSet`).
+    toolchain's capabilities) and allowed by ``pins`` (a `collage_farm.core.pins.PinSet`).
     """
     seen = 0
     for p in parts:
@@ -338,7 +338,7 @@ class PlanBuilder:
         self._feeds: dict[str, np.ndarray] | None = None
 
     def runtime(self, k: int, part: Part, estimated_s: float = 0.0) -> Any:
-        from collage_farm.executor import make_runtime
+        from collage_farm.execute import make_runtime
 
         key = (part.mask, part.target.id)
         rt = self._cache.get(key)
@@ -353,7 +353,7 @@ class PlanBuilder:
         return dataclasses.replace(rt, id=f"p{k:03d}", estimated_s=estimated_s)
 
     def executor(self, parts: Sequence[Part], estimates: Sequence[float] | None = None) -> Any:
-        from collage_farm.executor import PlanExecutor
+        from collage_farm.execute import PlanExecutor
 
         est = list(estimates) if estimates is not None else [0.0] * len(parts)
         rts = [self.runtime(k, p, e) for k, (p, e) in enumerate(zip(parts, est))]
@@ -367,7 +367,7 @@ class PlanBuilder:
 
     def check(self, ex: Any) -> dict[str, float]:
         """Numerics against the whole model in ORT CPU; raises `ExecutionMismatch`."""
-        from collage_farm.executor import _ort_session, compare_outputs
+        from collage_farm.execute import _ort_session, compare_outputs
 
         feeds = self.feeds(ex)
         if self._reference is None:
@@ -447,7 +447,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
     config = config or MeasureConfig(rounds=5, min_round_s=0.02)
     builder = builder or PlanBuilder(graph, threads=threads)
     sup = supports or default_supports(graph)
-    from collage_farm.executor import measure_interleaved_rounds
+    from collage_farm.execute import measure_interleaved_rounds
 
     try:
         cur_ex = builder.executor(start)
@@ -537,7 +537,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
 def _pooled(first: Any, more: Any) -> Any:
     """Two interleaved runs as one: round medians concatenated (each pair stays within one
     turn of one rotation), summaries from the longer evidence's second run."""
-    from collage_farm.executor import Interleaved
+    from collage_farm.execute import Interleaved
 
     rounds = {k: (*first.rounds.get(k, ()), *more.rounds.get(k, ()))
               for k in set(first.rounds) | set(more.rounds)}
@@ -600,7 +600,7 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
 
     Plans identical to another entry are timed once (aliases share the summary). A plan or
     whole model that fails to build, run or match the reference is left out with its error.
-    A whole model that ``pins`` (a `collage_farm.pins.PinSet`) forbid is timed but marked
+    A whole model that ``pins`` (a `collage_farm.core.pins.PinSet`) forbid is timed but marked
     `VerifyResult.ineligible`, so it is never `best_single`: the never-worse fallback must
     still honour the user's pins.
     """
@@ -618,7 +618,7 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
             banned = next((n.name for n in graph.nodes if not pins.allowed(n, t)), None)
             if banned is not None:
                 ineligible[t.id] = f"pins keep {banned} off {t.id}"
-    from collage_farm.executor import measure_interleaved_rounds
+    from collage_farm.execute import measure_interleaved_rounds
 
     fns: dict[str, Callable[[], None]] = {}
     errors: dict[str, str] = {}

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collage_farm.graph import DataflowGraph
-from collage_farm.target import Target
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
                       time_budget_s: float = 120.0) -> CutCosts:
     """Measure each target's cut cost for ``graph`` (module docstring). Never raises for a
     chain that cannot be built or run: it is skipped and named in ``skipped``."""
-    from collage_farm.refine import Part, PlanBuilder
+    from collage_farm.postsearch.refine import Part, PlanBuilder
 
     t0 = time.perf_counter()
     masks = chunk_masks(graph, chunks)
@@ -139,7 +139,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
 
 def cut_fingerprint(graph: DataflowGraph, chunks: int) -> str:
     """The cost-table fingerprint of a model's cut costs (structure, weights' shapes, chunks)."""
-    from collage_farm.subgraph import SubGraph
+    from collage_farm.core.subgraph import SubGraph
 
     whole = SubGraph(graph, graph.all_mask)
     return f"{CUT_PREFIX}{whole.structural_hash[:24]}:{max(1, min(chunks, len(graph.nodes)))}"

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Protocol
 
-from collage_farm.candidate import CandidatePartition
 from collage_farm.config import ConfigError
-from collage_farm.target import Target, VirtualDevice
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.target import Target, VirtualDevice
 
 __all__ = ["Pin", "PinSet", "check_pins", "device_matches", "filter_candidates"]
 

@@ -24,7 +24,7 @@ from functools import cached_property
 import onnx
 from onnx import helper
 
-from collage_farm.graph import MAX_IR_VERSION, DataflowGraph, Node, numel
+from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, Node, numel
 
 
 @dataclass(frozen=True)

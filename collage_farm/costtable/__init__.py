@@ -148,7 +148,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from collage_farm.cost import Cost
+from collage_farm.core.cost import Cost
 
 if TYPE_CHECKING:
     import duckdb

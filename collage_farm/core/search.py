@@ -10,7 +10,7 @@ tells every edge on which device each of its inputs lives.
 
 Edge cost = candidate cost + transition penalty: a launch per partition, a hand-off per tensor
 crossing its boundary, and a transfer per input that lives on a device not sharing memory with
-the candidate's (see `collage_farm.transition`). Because transfers depend on where inputs were
+the candidate's (see `collage_farm.core.transition`). Because transfers depend on where inputs were
 produced, a state also remembers the device of each covered node whose output is still needed;
 when all targets share one memory that part of the key is empty and states are plain sets.
 
@@ -29,12 +29,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.cost import Cost
-from collage_farm.graph import DataflowGraph
-from collage_farm.subgraph import iter_bits
-from collage_farm.target import CPU0, VirtualDevice
-from collage_farm.transition import AnalyticTransitionModel, TransitionModel
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.subgraph import iter_bits
+from collage_farm.core.target import CPU0, VirtualDevice
+from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
 from estimators.base import CostEstimator
 
 HOST = CPU0

@@ -59,7 +59,7 @@ App file schema::
       ort-tensorrt: {fp16: true}
     variants:                         # new targets derived from system ones
       ort-tensorrt-fp16: {base: ort-tensorrt, options: {fp16: true}}
-    pins:                             # see collage_farm.pins
+    pins:                             # see collage_farm.core.pins
       - {node: "attn_*", device: cuda:0}
       - {op: Softmax, target: ort-cpu}
       - {node: "head/*", device: gpu0, optional: true}
@@ -90,7 +90,7 @@ explicit (TensorRT ``fp16: false``) are always present, defaults that the toolch
 itself (Vela's default system config and memory mode for each accelerator) are dropped when a
 file states them. So a target spelled out in full and the same target left at defaults have the
 same `Target.measure_key`, and the built-in systems' targets equal
-`collage_farm.target.BUILTIN_TARGETS` entries of the same name. Runners get the full set back
+`collage_farm.core.target.BUILTIN_TARGETS` entries of the same name. Runners get the full set back
 with `effective_options`.
 
 Transition costs. The system's links and per-toolchain launch overheads feed a
@@ -116,14 +116,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from collage_farm.target import (
+from collage_farm.core.target import (
     CPU0,
     ETHOS_U_CONFIGS,
     Target,
     UnknownTargetError,
     VirtualDevice,
 )
-from collage_farm.transition import (
+from collage_farm.core.transition import (
     DEFAULT_HANDOFF_BYTES_PER_S,
     DEFAULT_LAUNCH_S,
     DEFAULT_LINKS,
@@ -133,8 +133,8 @@ from collage_farm.transition import (
 )
 
 if TYPE_CHECKING:
-    from collage_farm.pins import Pin, PinSet
-    from collage_farm.rules import RuleOptions
+    from collage_farm.core.pins import Pin, PinSet
+    from collage_farm.core.rules import RuleOptions
 
 __all__ = [
     "TOOLCHAIN_OPTIONS",
@@ -635,7 +635,7 @@ class FarmConfig:
 
     @property
     def pin_set(self) -> PinSet:
-        from collage_farm.pins import PinSet
+        from collage_farm.core.pins import PinSet
 
         return PinSet(self.pins)
 
@@ -649,7 +649,7 @@ class FarmConfig:
 
     def rule_options(self, default_max_depth: int = 4) -> RuleOptions:
         """The partition-rule options these limits give (imports the rules module)."""
-        from collage_farm.rules import RuleOptions
+        from collage_farm.core.rules import RuleOptions
 
         lim = self.subgraph_limits
         return RuleOptions(max_depth=lim.max_depth or default_max_depth,
@@ -1136,7 +1136,7 @@ def _read_limits(r: _Reader, raw: object) -> dict[str, Any]:
 
 
 def _systems_dir() -> Any:
-    return resources.files("collage_farm") / "systems"
+    return resources.files("collage_farm.config") / "systems"
 
 
 def builtin_systems() -> list[str]:
@@ -1270,7 +1270,7 @@ def _read_selection(r: _Reader, raw: object, targets: Mapping[str, Target]) -> t
 
 def _read_pins(r: _Reader, raw: object, devices: Mapping[str, DeviceSpec],
                targets: Mapping[str, Target]) -> tuple[Pin, ...]:
-    from collage_farm.pins import Pin
+    from collage_farm.core.pins import Pin
 
     if raw is None:
         return ()

@@ -25,7 +25,7 @@ from collage_farm.config import (
     effective_options,
     load_config,
 )
-from collage_farm.target import BUILTIN_TARGETS, Target
+from collage_farm.core.target import BUILTIN_TARGETS, Target
 
 __all__ = ["add_config_args", "add_targets_parser", "config_from_args", "run_targets"]
 

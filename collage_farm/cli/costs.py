@@ -214,7 +214,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry point: ``python -m collage_farm.cli_costs show DIR``."""
+    """Standalone entry point: ``python -m collage_farm.cli.costs show DIR``."""
     parser = argparse.ArgumentParser(prog="collage-farm")
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_costs_parser(sub)

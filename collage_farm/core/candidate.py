@@ -13,8 +13,8 @@ import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
-from collage_farm.subgraph import SubGraph
-from collage_farm.target import Target
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import Target
 
 
 @dataclass(frozen=True, eq=False)

@@ -78,7 +78,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
                    help="do not write report.html and its PNGs beside the plan")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     try:
-        from collage_farm.cli_targets import add_config_args
+        from collage_farm.cli.targets import add_config_args
 
         add_config_args(p)
     except ImportError:  # pragma: no cover - config module not installed
@@ -89,8 +89,8 @@ def _run_tune(args: argparse.Namespace) -> int:
     import os
 
     from collage_farm.campaign import DEFAULT_REFINE_TRIALS, TuneOptions, run_tune
-    from collage_farm.graph import parse_shape
-    from collage_farm.rules import RuleOptions
+    from collage_farm.core.graph import parse_shape
+    from collage_farm.core.rules import RuleOptions
 
     shapes = dict(parse_shape(s) for s in args.shape)
     _check_tune_args(args)
@@ -148,11 +148,11 @@ def _check_tune_args(args: argparse.Namespace) -> None:
 
 def _targets_from_args(args: argparse.Namespace):
     """Targets, transition model, pins and rule options from --targets and config files."""
-    from collage_farm.rules import RuleOptions
-    from collage_farm.target import parse_targets
+    from collage_farm.core.rules import RuleOptions
+    from collage_farm.core.target import parse_targets
 
     try:
-        from collage_farm.cli_targets import config_from_args
+        from collage_farm.cli.targets import config_from_args
     except ImportError:  # pragma: no cover
         config_from_args = None
     cfg = config_from_args(args) if config_from_args else None
@@ -285,10 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     _add_tune(sub)
     _add_zoo(sub)
-    for mod, adder in (("collage_farm.cli_costs", "add_costs_parser"),
-                       ("collage_farm.cli_targets", "add_targets_parser"),
-                       ("collage_farm.cli_cluster", "add_cluster_parser"),
-                       ("collage_farm.cli_run", "add_run_parser")):
+    for mod, adder in (("collage_farm.cli.costs", "add_costs_parser"),
+                       ("collage_farm.cli.targets", "add_targets_parser"),
+                       ("collage_farm.cli.cluster", "add_cluster_parser"),
+                       ("collage_farm.cli.run", "add_run_parser")):
         try:
             module = __import__(mod, fromlist=[adder])
         except ImportError:
@@ -298,19 +298,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _RUNNERS = {
-    "costs": ("collage_farm.cli_costs", "run_costs"),
-    "targets": ("collage_farm.cli_targets", "run_targets"),
-    "cluster": ("collage_farm.cli_cluster", "run_cluster"),
-    "run": ("collage_farm.cli_run", "run_run"),
-    "compare": ("collage_farm.cli_run", "run_compare"),
+    "costs": ("collage_farm.cli.costs", "run_costs"),
+    "targets": ("collage_farm.cli.targets", "run_targets"),
+    "cluster": ("collage_farm.cli.cluster", "run_cluster"),
+    "run": ("collage_farm.cli.run", "run_run"),
+    "compare": ("collage_farm.cli.run", "run_compare"),
 }
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from collage_farm.graph import ModelError
-    from collage_farm.plan import PlanError
-    from collage_farm.search import NoCoverError
-    from collage_farm.target import UnknownTargetError
+    from collage_farm.core.graph import ModelError
+    from collage_farm.core.plan import PlanError
+    from collage_farm.core.search import NoCoverError
+    from collage_farm.core.target import UnknownTargetError
 
     # path problems are the user's to fix, and their message names the path
     errs: list[type[BaseException]] = [ModelError, PlanError, NoCoverError, UnknownTargetError,

@@ -62,7 +62,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
-    from collage_farm.graph import DataflowGraph, Node
+    from collage_farm.core.graph import DataflowGraph, Node
 
 #: bumped when the TFLite written for the same sub-graph changes (new op mappings, the transpose
 #: peephole, ...): part of the LiteRT toolchain version, so cost-table rows of older output are
@@ -2707,7 +2707,7 @@ def convert(
     Raises `UnsupportedOp` for a node `convertible` refuses, `MissingRangeError` when a range
     is missing, `ConversionError` for anything else the writer cannot express.
     """
-    from collage_farm.graph import DataflowGraph, load_graph
+    from collage_farm.core.graph import DataflowGraph, load_graph
 
     graph = model if isinstance(model, DataflowGraph) else load_graph(model)
     ranges: dict[str, tuple[float, float]]

@@ -24,10 +24,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from collage_farm.candidate import CandidatePartition
-from collage_farm.graph import DataflowGraph, Node, OpKind
-from collage_farm.subgraph import SubGraph, SubGraphConfig, iter_bits
-from collage_farm.target import Target
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.graph import DataflowGraph, Node, OpKind
+from collage_farm.core.subgraph import SubGraph, SubGraphConfig, iter_bits
+from collage_farm.core.target import Target
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ search charges these on its edges, so the Dijkstra plan already accounts for the
   share memory; the search knows both ends because its states remember the device of every
   covered node that borders uncovered ones;
 * ``cut_s(target)``: once per partition fed by another partition, a property of the *model*
-  and the target: measured per campaign by `collage_farm.cutcost` (each chunk of the model
+  and the target: measured per campaign by `collage_farm.probes.cutcost` (each chunk of the model
   inside chains where its neighbours run on other toolchains vs on its own), `WithCutCosts`.
 
 `AnalyticTransitionModel` is a documented default (fixed latencies, bandwidths per device pair).
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collage_farm.target import Target, VirtualDevice
+from collage_farm.core.target import Target, VirtualDevice
 
 
 class TransitionModel(abc.ABC):
@@ -53,13 +53,13 @@ class TransitionModel(abc.ABC):
         """Cost of entering a partition on ``target`` from another partition of *this model*
         (once per partition fed by another one; graph inputs are not cuts): what a cut costs
         beyond its candidates' own measurements, e.g. caches and layouts the previous
-        toolchain left. 0 unless measured for the model (`collage_farm.cutcost`)."""
+        toolchain left. 0 unless measured for the model (`collage_farm.probes.cutcost`)."""
         return 0.0
 
 
 @dataclass(frozen=True)
 class WithCutCosts(TransitionModel):
-    """``base`` plus measured per-target cut costs for one model (`collage_farm.cutcost`)."""
+    """``base`` plus measured per-target cut costs for one model (`collage_farm.probes.cutcost`)."""
 
     base: TransitionModel
     cuts: Mapping[str, float]  # target id -> seconds per cut into a partition on it

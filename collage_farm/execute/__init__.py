@@ -32,7 +32,7 @@ check must fail on wiring errors, not on a toolchain doing what it was asked:
 
 Ethos-U (``vela``) partitions cannot run on this hardware: their latency is the simulated cost
 from the plan's ``estimated_s`` (`Timing.simulated_s`), and their numerics come from the int8
-TFLite model (`runners.tflite_convert.convert`) run in LiteRT when both are installed, else
+TFLite model (`runners.tflite.convert`) run in LiteRT when both are installed, else
 from the fp32 ONNX partition in ORT (said so in `PartitionRuntime.numerics`).
 """
 
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from collage_farm.plan import Plan, PlanError, load_plan
+from collage_farm.core.plan import Plan, PlanError, load_plan
 from runners.base import MeasureConfig, Summary
 from runners.measure import time_callable
 
@@ -172,7 +172,7 @@ def _ort_providers(toolchain: str, options: Mapping[str, Any]) -> list[Any]:
     why = get_toolchain(toolchain).available()
     if why:
         raise PlanError(f"toolchain {toolchain} cannot run here: {why}")
-    from collage_farm.target import CUDA0, Target
+    from collage_farm.core.target import CUDA0, Target
 
     tc = get_toolchain(toolchain)
     return tc._provider_list(Target.make(toolchain, toolchain, CUDA0, options))  # type: ignore[attr-defined]
@@ -221,7 +221,7 @@ def _ort_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs: Seq
 def _ort_precision(toolchain: str, options: Mapping[str, Any]) -> str:
     if toolchain == "ort-cpu":
         return "fp32"
-    from collage_farm.target import CUDA0, Target
+    from collage_farm.core.target import CUDA0, Target
     from runners.registry import get_toolchain
 
     tc = get_toolchain(toolchain)
@@ -297,7 +297,7 @@ def _generic_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs:
                      outputs: Sequence[str], est: float, options: Mapping[str, Any],
                      threads: int) -> PartitionRuntime:
     """Any registry toolchain with ``build`` + ``run_outputs`` (LiteRT and later ones)."""
-    from collage_farm.target import CPU0, Target
+    from collage_farm.core.target import CPU0, Target
     from runners.base import BuildInput
     from runners.registry import get_toolchain
 
@@ -361,7 +361,7 @@ def _simulated_runtime(pid: str, target: str, toolchain: str, data: bytes,
     try:
         from ai_edge_litert.interpreter import Interpreter
 
-        from runners.tflite_convert import convert
+        from runners.tflite import convert
     except ImportError:
         return fp32
 
@@ -399,7 +399,7 @@ def _simulated_runtime(pid: str, target: str, toolchain: str, data: bytes,
         return step
 
     rt = PartitionRuntime(pid, target, toolchain, tuple(inputs), tuple(outputs), est,
-                          "simulated", "litert int8 (runners.tflite_convert)", safe_plain, bind,
+                          "simulated", "litert int8 (runners.tflite)", safe_plain, bind,
                           precision="int8")
     return rt
 
@@ -695,7 +695,7 @@ def _toolchain_of_target(plan: Plan, target_id: str) -> str:
     for t in plan.targets:
         if isinstance(t, dict) and t.get("id") == target_id:
             return str(t.get("toolchain", ""))
-    from collage_farm.target import get_target
+    from collage_farm.core.target import get_target
 
     return get_target(target_id).toolchain
 
@@ -823,7 +823,7 @@ def single_executor(model: str | os.PathLike | onnx.ModelProto, toolchain: str, 
                     threads: int = 1, options: Mapping[str, Any] | None = None,
                     shapes: Mapping[str, Sequence[int]] | None = None) -> PlanExecutor:
     """The whole model as one partition on ``toolchain`` (same binding as plans)."""
-    from collage_farm.graph import load_graph
+    from collage_farm.core.graph import load_graph
 
     g = load_graph(model, shapes)
     data = g.model.SerializeToString()
@@ -844,7 +844,7 @@ class Interleaved:
 
     Round ``i`` of every callable ran within one turn of the rotation (A B C, then B C A, ...),
     so the ratio of two callables' round-``i`` medians is free of the drift between turns:
-    `collage_farm.refine.paired` compares plans on those ratios.
+    `collage_farm.postsearch.refine.paired` compares plans on those ratios.
     """
 
     summaries: dict[str, Summary]
@@ -964,7 +964,7 @@ def ort_multi_ep(model: str | os.PathLike | onnx.ModelProto, threads: int = 1
     # TensorRT only where its libraries load: else ORT prints an EP error and retries without it
     providers = [p for p in ("TensorrtExecutionProvider", "CUDAExecutionProvider") if p in have
                  and (p != "TensorrtExecutionProvider" or load_tensorrt() is None)]
-    from collage_farm.graph import load_graph
+    from collage_farm.core.graph import load_graph
 
     g = load_graph(model)
     data = g.model.SerializeToString()
@@ -1006,7 +1006,7 @@ class Single:
 
     @staticmethod
     def of(target: Any) -> Single:
-        """The single of a `collage_farm.target.Target`."""
+        """The single of a `collage_farm.core.target.Target`."""
         return Single(target.id, target.toolchain, tuple(target.options))
 
 

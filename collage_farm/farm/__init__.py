@@ -114,11 +114,13 @@ from ray.exceptions import (
 )
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from collage_farm.target import Target
+from collage_farm.core.target import Target
 from runners.base import (
-    BuildInput,
+    FARM_DETAIL,
+    BuildInput,  # noqa: F401 - re-exported for the farm's callers
     DeviceDescription,
-    MeasureConfig,
+    MeasureConfig,  # noqa: F401 - re-exported for the farm's callers
+    MeasureRequest,
     MeasureResult,
     Status,
 )
@@ -132,8 +134,6 @@ FAULT_OPTION = "farm_exit_on"
 FAULT_AFTER_OPTION = "farm_exit_after"
 FAULT_KILLED_OPTION = "farm_killed_on"
 FAULT_EXIT_CODE = 77
-#: `MeasureResult.details` key set on results the farm produced itself (not a runner)
-FARM_DETAIL = "farm"
 
 
 class FarmError(RuntimeError):
@@ -142,26 +142,6 @@ class FarmError(RuntimeError):
 
 # ------------------------------------------------------------------------------------------
 # messages
-
-
-@dataclass(frozen=True)
-class MeasureRequest:
-    """One candidate to build and measure: the sub-model and how to time it."""
-
-    build: BuildInput
-    config: MeasureConfig = field(default_factory=MeasureConfig)
-
-    @property
-    def fingerprint(self) -> str:
-        return self.build.fingerprint
-
-    @property
-    def target(self) -> Target:
-        return self.build.target
-
-    @property
-    def label(self) -> str:
-        return self.build.label
 
 
 @dataclass(frozen=True)
