@@ -28,14 +28,15 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
+from collage_farm.core.estimator import CostEstimator
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.subgraph import iter_bits
 from collage_farm.core.target import CPU0, VirtualDevice
 from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
-from estimators.base import CostEstimator
 
 HOST = CPU0
 MAX_ALTS = 3
@@ -147,6 +148,258 @@ def _prepare(graph: DataflowGraph, cands: Sequence[CandidatePartition],
     return edges
 
 
+class SearchState(NamedTuple):
+    """A Dijkstra state: the covered nodes, and where the still-needed ones left their outputs.
+
+    ``covered`` is a node bitset. ``live`` lists ``(node, device)`` for every covered node
+    whose outputs still have an uncovered consumer, sorted by node, when the targets do not all
+    share one memory (transfers depend on it); it is empty otherwise, so states are plain sets.
+    """
+
+    covered: int
+    live: tuple[tuple[int, VirtualDevice], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A heap entry's payload (the heap orders ``(priority, tie, _Step)``; ties are unique, so
+    steps are never compared). ``verified``: the edge's cost is known, so ``priority`` is the
+    state's path cost; otherwise ``priority`` uses the edge's lower bound."""
+
+    state: SearchState
+    parent: SearchState | None
+    edge: _Edge | None
+    verified: bool
+    penalty_s: float
+
+
+#: how many unverified heap entries one estimator batch may take
+BATCH = 512
+
+
+class _Dijkstra:
+    """One search: the edges grouped by first node, costs fetched in batches, the frontier."""
+
+    def __init__(self, graph: DataflowGraph, edges: list[_Edge], estimator: CostEstimator,
+                 transition: TransitionModel) -> None:
+        self.graph = graph
+        self.estimator = estimator
+        self.transition = transition
+        self.edges = edges
+        self.n = len(graph.nodes)
+        self.full = graph.all_mask
+        self.by_first: list[list[_Edge]] = [[] for _ in range(self.n)]
+        covered_any = 0
+        for e in edges:
+            self.by_first[e.cand.sub_graph.first].append(e)
+            covered_any |= e.mask
+        if covered_any != self.full:
+            missing = next(i for i in range(self.n) if not covered_any >> i & 1)
+            nd = graph.nodes[missing]
+            raise NoCoverError(
+                f"no candidate covers node {nd.name!r} ({nd.op_type}): no target supports it",
+                nd.name,
+            )
+        # track devices only when some candidates do not share memory
+        devices = {e.device for e in edges}
+        self.track = any(not a.same_memory(b) for a in devices for b in devices)
+        # consumers of each node's outputs, to know when a covered node stops mattering
+        self.succ_mask = [0] * self.n
+        for nd in graph.nodes:
+            for s in nd.succs:
+                self.succ_mask[nd.index] |= 1 << s
+        self.costs: dict[str, Cost] = {}  # by fingerprint
+        self.lb_cache: dict[str, float] = {}
+        self.estimated = 0
+        self.unknown = 0
+        self.expanded = 0
+        self.considered = 0
+        self.furthest = 0
+        self.best: dict[SearchState, float] = {}
+        self.back: dict[SearchState, tuple[SearchState, _Edge, float]] = {}
+        self.done: set[SearchState] = set()
+        self.heap: list[tuple[float, int, _Step]] = []
+        self.counter = itertools.count()
+
+    # -- costs
+    def fetch(self, batch: Sequence[_Edge]) -> None:
+        """Ask the estimator, in one batch, for every edge's cost not yet known."""
+        todo: dict[str, CandidatePartition] = {}
+        for e in batch:
+            fp = e.cand.fingerprint
+            if fp not in self.costs and fp not in todo:
+                todo[fp] = e.cand
+        if not todo:
+            return
+        got = self.estimator.estimate(list(todo.values()))
+        self.estimated += len(todo)
+        for fp, c in zip(todo, got):
+            if c.is_unknown:
+                self.unknown += 1
+            self.costs[fp] = c
+
+    def edge_cost(self, e: _Edge) -> float:
+        c = self.costs[e.cand.fingerprint]
+        return c.seconds if c.is_known else math.inf
+
+    def lower_bound(self, e: _Edge) -> float:
+        fp = e.cand.fingerprint
+        lb = self.lb_cache.get(fp)
+        if lb is None:
+            lbc = self.estimator.lower_bound(e.cand)
+            lb = self.lb_cache[fp] = lbc.seconds if lbc.is_known else 0.0
+        return lb
+
+    def transfer(self, e: _Edge, devmap: dict[int, VirtualDevice]) -> float:
+        """Copies of ``e``'s inputs produced on a device that does not share its memory."""
+        if not self.track:
+            return 0.0
+        total = 0.0
+        for p, nb in e.inputs:
+            src = devmap.get(p, HOST)
+            if not src.same_memory(e.device):
+                total += self.transition.transfer_s(src, e.device, nb)
+        return total
+
+    # -- the frontier
+    def push(self, priority: float, step: _Step) -> None:
+        heapq.heappush(self.heap, (priority, next(self.counter), step))
+
+    def first_uncovered(self, covered: int) -> int:
+        low = ~covered & self.full
+        return (low & -low).bit_length() - 1
+
+    def next_state(self, state: SearchState, e: _Edge) -> SearchState:
+        new_cov = state.covered | e.mask
+        if not self.track:
+            return SearchState(new_cov)
+        live = {nd: d for nd, d in state.live if self.succ_mask[nd] & ~new_cov}
+        for nd in e.produces_live:
+            if self.succ_mask[nd] & ~new_cov:
+                live[nd] = e.device
+        return SearchState(new_cov, tuple(sorted(live.items(), key=lambda x: x[0])))
+
+    def successors(self, state: SearchState, g: float) -> None:
+        """Push every edge that may extend ``state`` (path cost ``g``): at its true cost when
+        known, else at its lower bound, to be verified when popped."""
+        covered = state.covered
+        devmap = dict(state.live)
+        for e in self.by_first[self.first_uncovered(covered)]:
+            if e.mask & covered or (e.need & ~covered):
+                continue
+            self.considered += 1
+            new = self.next_state(state, e)
+            if new in self.done:
+                continue
+            pen = e.static_penalty + self.transfer(e, devmap)
+            if e.cand.fingerprint in self.costs:
+                c = self.edge_cost(e)
+                if math.isinf(c):
+                    continue
+                pri = g + c + pen
+                if pri < self.best.get(new, math.inf):
+                    self.best[new] = pri
+                    self.push(pri, _Step(new, state, e, True, pen))
+            else:
+                self.push(g + self.lower_bound(e) + pen, _Step(new, state, e, False, pen))
+
+    def verify(self, priority: float, step: _Step) -> None:
+        """Measure a popped unverified edge with its unmeasured siblings and the other
+        unverified entries at the top of the heap (one batch), and push those that now have
+        a finite cost at their true path cost."""
+        assert step.edge is not None and step.parent is not None
+        e = step.edge
+        batch = [e] + [s for s in self.by_first[e.cand.sub_graph.first]
+                       if s.cand.fingerprint not in self.costs]
+        pending = [step]
+        while self.heap and not self.heap[0][2].verified and len(batch) < BATCH:
+            _p, _, other = heapq.heappop(self.heap)
+            if other.state in self.done:
+                continue
+            pending.append(other)
+            assert other.edge is not None
+            batch.append(other.edge)
+        self.fetch(batch)
+        for st in pending:
+            assert st.edge is not None and st.parent is not None
+            c = self.edge_cost(st.edge)
+            if math.isinf(c):
+                continue
+            g = self.best[st.parent] + c + st.penalty_s
+            if g < self.best.get(st.state, math.inf):
+                self.best[st.state] = g
+                self.push(g, _Step(st.state, st.parent, st.edge, True, st.penalty_s))
+
+    def run(self, lazy: bool) -> SearchState:
+        """Pop states until the full cover; the state reached (raises `NoCoverError`)."""
+        if not lazy:
+            self.fetch(self.edges)
+        start = SearchState(0)
+        self.best[start] = 0.0
+        self.push(0.0, _Step(start, None, None, True, 0.0))
+        while self.heap:
+            pri, _, step = heapq.heappop(self.heap)
+            if step.state in self.done:
+                continue
+            if not step.verified:
+                self.verify(pri, step)
+                continue
+            if pri > self.best.get(step.state, math.inf):
+                continue
+            self.done.add(step.state)
+            if step.parent is not None and step.edge is not None:
+                self.back[step.state] = (step.parent, step.edge, step.penalty_s)
+            self.expanded += 1
+            if step.state.covered == self.full:
+                return step.state
+            self.furthest = max(self.furthest, self.first_uncovered(step.state.covered))
+            self.successors(step.state, pri)
+        nd = self.graph.nodes[self.furthest]
+        raise NoCoverError(
+            f"no valid cover: the search could not get past node {nd.name!r} ({nd.op_type}); "
+            f"every candidate containing it failed to build, overlaps, or needs inputs not yet "
+            f"computed",
+            nd.name,
+        )
+
+    # -- the answer
+    def path(self, goal: SearchState) -> tuple[list[PlannedPartition], list[tuple[int, _Edge]]]:
+        """The chosen partitions in execution order, and (covered-before, edge) per step."""
+        parts: list[PlannedPartition] = []
+        steps: list[tuple[int, _Edge]] = []
+        k = goal
+        while k in self.back:
+            parent, e, pen = self.back[k]
+            parts.append(PlannedPartition(e.cand, self.costs[e.cand.fingerprint], pen))
+            steps.append((parent.covered, e))
+            k = parent
+        parts.reverse()
+        steps.reverse()
+        return parts, steps
+
+    def alternatives(self, covered: int, chosen: _Edge) -> tuple[Alternative, ...]:
+        """The runner-ups of ``chosen`` from the state that covered ``covered``."""
+        alts = []
+        for e in self.by_first[self.first_uncovered(covered)]:
+            if e is chosen or e.mask & covered or (e.need & ~covered):
+                continue
+            fp = e.cand.fingerprint
+            if fp in self.costs:
+                c = self.costs[fp]
+                status = "estimated" if c.is_known and math.isfinite(c.seconds) else "invalid"
+                sec = c.seconds if status == "estimated" else math.inf
+            elif fp in self.lb_cache:
+                status, sec = "bound", self.lb_cache[fp]
+            else:
+                continue
+            same = e.mask == chosen.mask
+            alts.append(Alternative(e.cand.target.id, e.cand.label(), e.mask.bit_count(), same,
+                                    sec, e.static_penalty, status))
+        alts.sort(key=lambda a: (not a.same_nodes, a.status == "invalid",
+                                 a.cost_s + a.penalty_s))
+        return tuple(alts[:MAX_ALTS])
+
+
 def search(
     graph: DataflowGraph,
     candidates: Sequence[CandidatePartition],
@@ -162,223 +415,22 @@ def search(
     """
     t0 = time.perf_counter()
     transition = transition or AnalyticTransitionModel()
-    n = len(graph.nodes)
-    full = graph.all_mask
     if lazy is None:
-        lazy = bool(getattr(estimator, "has_lower_bound", False))
-
-    edges = _prepare(graph, candidates, transition)
-    by_first: list[list[_Edge]] = [[] for _ in range(n)]
-    covered_any = 0
-    for e in edges:
-        by_first[e.cand.sub_graph.first].append(e)
-        covered_any |= e.mask
-    if covered_any != full:
-        missing = next(i for i in range(n) if not covered_any >> i & 1)
-        nd = graph.nodes[missing]
-        raise NoCoverError(
-            f"no candidate covers node {nd.name!r} ({nd.op_type}): no target supports it",
-            nd.name,
-        )
-
-    # track devices only when some candidates do not share memory
-    devices = {e.device for e in edges}
-    track = any(not a.same_memory(b) for a in devices for b in devices)
-    # consumers of each node's outputs, to know when a covered node stops mattering
-    succ_mask = [0] * n
-    for nd in graph.nodes:
-        for s in nd.succs:
-            succ_mask[nd.index] |= 1 << s
-
-    costs: dict[str, Cost] = {}  # by fingerprint
-    estimated = 0
-    unknown = 0
-
-    def fetch(batch: list[_Edge]) -> None:
-        nonlocal estimated, unknown
-        todo: dict[str, CandidatePartition] = {}
-        for e in batch:
-            fp = e.cand.fingerprint
-            if fp not in costs and fp not in todo:
-                todo[fp] = e.cand
-        if not todo:
-            return
-        got = estimator.estimate(list(todo.values()))
-        estimated += len(todo)
-        for fp, c in zip(todo, got):
-            if c.is_unknown:
-                unknown += 1
-            costs[fp] = c
-
-    if not lazy:
-        fetch(edges)
-
-    def edge_cost(e: _Edge) -> float:
-        c = costs[e.cand.fingerprint]
-        return c.seconds if c.is_known else math.inf
-
-    def transfer(e: _Edge, devmap: dict[int, VirtualDevice]) -> float:
-        if not track:
-            return 0.0
-        total = 0.0
-        for p, nb in e.inputs:
-            src = devmap.get(p, HOST)
-            if not src.same_memory(e.device):
-                total += transition.transfer_s(src, e.device, nb)
-        return total
-
-    # state key: (covered mask, ((node, device), ...) for covered nodes with uncovered consumers)
-    Key = tuple[int, tuple[tuple[int, VirtualDevice], ...]]
-    start: Key = (0, ())
-    best: dict[Key, float] = {start: 0.0}
-    back: dict[Key, tuple[Key, _Edge, float]] = {}
-    done: set[Key] = set()
-    counter = itertools.count()
-    # heap entry: (priority, tie, key, parent, edge, verified, penalty)
-    heap: list[tuple[float, int, Key, Key | None, _Edge | None, bool, float]] = [
-        (0.0, next(counter), start, None, None, True, 0.0)
-    ]
-    expanded = 0
-    considered = 0
-    furthest = 0
-    lb_cache: dict[str, float] = {}
-
-    def successors(key: Key, g: float) -> None:
-        nonlocal considered
-        covered, live = key
-        devmap = dict(live)
-        first = (~covered & full)
-        first = (first & -first).bit_length() - 1
-        for e in by_first[first]:
-            if e.mask & covered or (e.need & ~covered):
-                continue
-            considered += 1
-            new_cov = covered | e.mask
-            if track:
-                nl = {nd: d for nd, d in live if succ_mask[nd] & ~new_cov}
-                for nd in e.produces_live:
-                    if succ_mask[nd] & ~new_cov:
-                        nl[nd] = e.device
-                new_key: Key = (new_cov, tuple(sorted(nl.items(), key=lambda x: x[0])))
-            else:
-                new_key = (new_cov, ())
-            if new_key in done:
-                continue
-            pen = e.static_penalty + transfer(e, devmap)
-            fp = e.cand.fingerprint
-            if fp in costs:
-                c = edge_cost(e)
-                if math.isinf(c):
-                    continue
-                pri = g + c + pen
-                if pri < best.get(new_key, math.inf):
-                    best[new_key] = pri
-                    heapq.heappush(heap, (pri, next(counter), new_key, key, e, True, pen))
-            else:
-                lb = lb_cache.get(fp)
-                if lb is None:
-                    lbc = estimator.lower_bound(e.cand)
-                    lb = lbc.seconds if lbc.is_known else 0.0
-                    lb_cache[fp] = lb
-                heapq.heappush(heap, (g + lb + pen, next(counter), new_key, key, e, False, pen))
-
-    result_key: Key | None = None
-    while heap:
-        pri, _, key, parent, e, verified, pen = heapq.heappop(heap)
-        if key in done:
-            continue
-        if not verified:
-            assert e is not None and parent is not None
-            # measure this edge and, in the same batch, its unmeasured siblings and any other
-            # unverified entries at the top of the heap
-            batch = [e] + [s for s in by_first[e.cand.sub_graph.first]
-                           if s.cand.fingerprint not in costs]
-            pending = [(pri, key, parent, e, pen)]
-            while heap and not heap[0][5] and len(batch) < 512:
-                p2, _, k2, par2, e2, _, pen2 = heapq.heappop(heap)
-                if k2 in done:
-                    continue
-                pending.append((p2, k2, par2, e2, pen2))
-                batch.append(e2)
-            fetch(batch)
-            for _p, k2, par2, e2, pen2 in pending:
-                c = edge_cost(e2)
-                if math.isinf(c):
-                    continue
-                g2 = best[par2] + c + pen2
-                if g2 < best.get(k2, math.inf):
-                    best[k2] = g2
-                    heapq.heappush(heap, (g2, next(counter), k2, par2, e2, True, pen2))
-            continue
-        if pri > best.get(key, math.inf):
-            continue
-        done.add(key)
-        if parent is not None and e is not None:
-            back[key] = (parent, e, pen)
-        expanded += 1
-        cov = key[0]
-        if cov == full:
-            result_key = key
-            break
-        low = (~cov & full)
-        furthest = max(furthest, (low & -low).bit_length() - 1)
-        successors(key, pri)
-
-    if result_key is None:
-        nd = graph.nodes[furthest]
-        raise NoCoverError(
-            f"no valid cover: the search could not get past node {nd.name!r} ({nd.op_type}); "
-            f"every candidate containing it failed to build, overlaps, or needs inputs not yet "
-            f"computed",
-            nd.name,
-        )
-
-    parts: list[PlannedPartition] = []
-    steps: list[tuple[int, _Edge]] = []
-    k = result_key
-    while k in back:
-        parent, e, pen = back[k]
-        parts.append(PlannedPartition(e.cand, costs[e.cand.fingerprint], pen))
-        steps.append((parent[0], e))
-        k = parent
-    parts.reverse()
-    steps.reverse()
-
-    def alternatives(covered: int, chosen: _Edge) -> tuple[Alternative, ...]:
-        first = (~covered & full)
-        first = (first & -first).bit_length() - 1
-        alts = []
-        for e in by_first[first]:
-            if e is chosen or e.mask & covered or (e.need & ~covered):
-                continue
-            fp = e.cand.fingerprint
-            if fp in costs:
-                c = costs[fp]
-                status = "estimated" if c.is_known and math.isfinite(c.seconds) else "invalid"
-                sec = c.seconds if status == "estimated" else math.inf
-            elif fp in lb_cache:
-                status, sec = "bound", lb_cache[fp]
-            else:
-                continue
-            same = e.mask == chosen.mask
-            alts.append(Alternative(e.cand.target.id, e.cand.label(), e.mask.bit_count(), same,
-                                    sec, e.static_penalty, status))
-        alts.sort(key=lambda a: (not a.same_nodes, a.status == "invalid",
-                                 a.cost_s + a.penalty_s))
-        return tuple(alts[:MAX_ALTS])
-
-    alts = tuple(alternatives(cov, e) for cov, e in steps)
+        lazy = bool(estimator.has_lower_bound)
+    d = _Dijkstra(graph, _prepare(graph, candidates, transition), estimator, transition)
+    goal = d.run(lazy)
+    parts, steps = d.path(goal)
     return SearchResult(
         partitions=tuple(parts),
-        total_s=best[result_key],
-        states_expanded=expanded,
-        candidates_considered=considered,
-        candidates_estimated=estimated,
-        distinct_estimated=len(costs),
+        total_s=d.best[goal],
+        states_expanded=d.expanded,
+        candidates_considered=d.considered,
+        candidates_estimated=d.estimated,
+        distinct_estimated=len(d.costs),
         search_s=time.perf_counter() - t0,
-        unknown_costs=unknown,
+        unknown_costs=d.unknown,
         lazy=lazy,
-        alternatives=alts,
+        alternatives=tuple(d.alternatives(cov, e) for cov, e in steps),
     )
 
 
