@@ -32,6 +32,7 @@ from onnx import TensorProto, helper
 from collage_farm.core.graph import DataflowGraph, ModelError, load_graph, random_inputs
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.zoo.random_dag import random_dag
+from tests.helpers import all_tensors
 from tests.strategies import dags
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -207,19 +208,6 @@ def test_regression_random_dag_bookkeeping_seed_840328() -> None:
 # --- extraction ----------------------------------------------------------------------------
 
 
-def _reference(g: DataflowGraph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    m = onnx.ModelProto()
-    m.CopyFrom(g.model)
-    del m.graph.output[:]
-    names = [o for n in g.nodes for o in n.outputs if o]
-    for t in names:
-        info = g.tensors[t]
-        m.graph.output.append(helper.make_tensor_value_info(t, info.elem_type, list(info.shape)))
-    m.ir_version = min(m.ir_version, 10)
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip(names, s.run(names, feeds)))
-
-
 @st.composite
 def convex_subgraphs(draw: st.DrawFn, g: DataflowGraph) -> SubGraph:
     """Grow from one node by neighbours, keeping only additions that stay convex."""
@@ -255,7 +243,7 @@ def _random_dag_graph(seed: int, n: int) -> tuple[DataflowGraph, dict, dict]:
     if (seed, n) not in _GRAPHS:
         g = load_graph(random_dag(seed, n))
         feeds = random_inputs(g)
-        _GRAPHS[(seed, n)] = (g, feeds, _reference(g, feeds))
+        _GRAPHS[(seed, n)] = (g, feeds, all_tensors(g, feeds))
     return _GRAPHS[(seed, n)]
 
 
@@ -272,7 +260,7 @@ def test_extract_random_dag_subgraphs_run_in_ort(seed: int, n: int, data: st.Dat
 def test_extract_strategy_dags_run_in_ort(model: onnx.ModelProto, data: st.DataObject) -> None:
     g = load_graph(model)
     feeds = random_inputs(g)
-    _check(g, data.draw(convex_subgraphs(g)), _reference(g, feeds), feeds)
+    _check(g, data.draw(convex_subgraphs(g)), all_tensors(g, feeds), feeds)
 
 
 @pytest.mark.parametrize("seed", [0, 5])

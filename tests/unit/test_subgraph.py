@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from collage_farm.core.graph import DataflowGraph, load_graph, random_inputs
 from collage_farm.core.subgraph import SubGraph, SubGraphConfig
+from tests.helpers import all_tensors
 from tests.strategies import dags
 
 
@@ -47,20 +48,6 @@ def test_convexity_and_boundaries(model, data):
     assert sg.is_valid(SubGraphConfig(max_depth=1)) == (sg.is_convex and sg.depth <= 1)
 
 
-def _all_tensors(model: onnx.ModelProto, g: DataflowGraph, feeds) -> dict[str, np.ndarray]:
-    m = onnx.ModelProto()
-    m.CopyFrom(g.model)
-    del m.graph.output[:]
-    names = [o for n in g.nodes for o in n.outputs if o]
-    for t in names:
-        info = g.tensors[t]
-        m.graph.output.append(onnx.helper.make_tensor_value_info(t, info.elem_type,
-                                                                 list(info.shape)))
-    m.ir_version = 10
-    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip(names, s.run(names, feeds)))
-
-
 def check_extraction(g: DataflowGraph, sg: SubGraph, ref: dict[str, np.ndarray], feeds) -> None:
     sub = sg.extract()
     assert sub.ir_version <= 10
@@ -76,7 +63,7 @@ def check_extraction(g: DataflowGraph, sg: SubGraph, ref: dict[str, np.ndarray],
 def test_extraction_reproduces_intermediates(model, data):
     g = load_graph(model)
     feeds = random_inputs(g)
-    ref = _all_tensors(model, g, feeds)
+    ref = all_tensors(g, feeds)
     idx = data.draw(st.sets(st.integers(0, len(g) - 1), min_size=1))
     sg = SubGraph.of(g, idx)
     if sg.is_convex:
@@ -130,7 +117,7 @@ def test_extraction_equivalence_on_zoo_models():
         model = zoo.build(name, **kw)
         g = load_graph(model, name=name)
         feeds = random_inputs(g)
-        ref = _all_tensors(model, g, feeds)
+        ref = all_tensors(g, feeds)
         spec = default_spec(BUILTIN_TARGETS["ort-cpu"], lambda n, gr: True, "graph",
                             RuleOptions(max_depth=5, max_exits=3, allow_taps=True))
         cands = all_candidates(g, [spec])
