@@ -19,7 +19,7 @@ Build (inside the runner's worker process: Vela segfaults on malformed TFLite):
    128/256, ethos-u65-256/512); the system configuration and memory mode are section names of
    the ``vela.ini`` bundled with ethos-u-vela, parsed by Vela's own ``ArchitectureFeatures`` (so an
    invalid combination fails the way ``vela`` fails). Defaults are Vela's own defaults, as in
-   `collage_farm.config.VELA_DEFAULTS`: ``Ethos_U55_High_End_Embedded`` / ``Shared_Sram`` for U55
+   `runners.vela_facts.VELA_DEFAULTS`: ``Ethos_U55_High_End_Embedded`` / ``Shared_Sram`` for U55
    (500 MHz core clock, weights in off-chip flash, activations in SRAM) and
    ``Ethos_U65_Client_Server`` / ``Dedicated_Sram_384KB`` for U65 (1 GHz, DRAM behind a 384 KiB
    SRAM cache). ``optimise`` is Vela's ``--optimise`` (``Performance`` by default).
@@ -92,6 +92,7 @@ from runners.base import (
     Status,
     Toolchain,
 )
+from runners.vela_facts import VELA_DEFAULTS, vela_ini_path
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
@@ -390,8 +391,6 @@ class VelaConfig:
 
 
 def _vela_ini() -> str:
-    from collage_farm.config import vela_ini_path
-
     p = vela_ini_path()
     if p is None:
         raise RuntimeError("ethos-u-vela's bundled vela.ini was not found")
@@ -421,8 +420,6 @@ def vela_config(target: Target) -> VelaConfig:
 
     Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
     """
-    from collage_farm.config import VELA_DEFAULTS
-
     accel = str(target.option("accelerator_config", target.name) or target.name)
     family = "u65" if accel.startswith("ethos-u65") else "u55"
     system = str(target.option("system_config", None) or VELA_DEFAULTS[family][0])

@@ -18,14 +18,10 @@ import argparse
 import json
 from typing import Any
 
-from collage_farm.config import (
-    ConfigError,
-    FarmConfig,
-    builtin_systems,
-    effective_options,
-    load_config,
-)
+from collage_farm.config import ConfigError, FarmConfig, builtin_systems, load_config
 from collage_farm.core.target import BUILTIN_TARGETS, Target
+from runners.options import effective_options
+from runners.registry import get_toolchain
 
 __all__ = ["add_config_args", "add_targets_parser", "config_from_args", "run_targets"]
 
@@ -198,8 +194,6 @@ def _unavailable_text(data: dict[str, Any]) -> list[str]:
 
 def _available_here(toolchain: str) -> str | None:
     """None when ``toolchain`` can build and measure on this machine, else why not."""
-    from runners.registry import get_toolchain
-
     try:
         return get_toolchain(toolchain).available()
     except Exception as e:  # an unknown or broken toolchain is an answer, not a crash

@@ -19,7 +19,8 @@ Semantics:
   the unpinned one; the difference is the cost of the constraint.
 
 Errors come before any measurement (`check_pins`, and `filter_candidates` which the campaign
-calls right after phase 2), as `collage_farm.config.ConfigError` naming the node and the pins:
+calls right after phase 2), as `ConfigError` (`collage_farm.core.target`, re-exported by
+`collage_farm.config`) naming the node and the pins:
 
 * a pinned node that no given target can satisfy (conflicting pins, or a target not selected);
 * a pinned node left with no candidate at all (its allowed targets' toolchains cannot run it);
@@ -35,9 +36,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Protocol
 
-from collage_farm.config import ConfigError
 from collage_farm.core.candidate import CandidatePartition
-from collage_farm.core.target import Target, VirtualDevice
+from collage_farm.core.target import ConfigError, Target, VirtualDevice
 
 __all__ = ["Pin", "PinSet", "check_pins", "device_matches", "filter_candidates"]
 

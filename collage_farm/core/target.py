@@ -127,6 +127,26 @@ class UnknownTargetError(ValueError):
     """A target name that no configuration defines."""
 
 
+class ConfigError(ValueError):
+    """A configuration that cannot be used; says where (file, dotted key) and what is allowed.
+
+    Raised for a bad system or app file (`collage_farm.config`, which re-exports it) and for
+    pins a model cannot satisfy (`collage_farm.core.pins`): both are the user's configuration.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
+                 allowed: Iterable[object] | None = None) -> None:
+        self.reason = message
+        self.file = file
+        self.key = key
+        self.allowed = None if allowed is None else tuple(allowed)
+        where = ": ".join(x for x in (file, key) if x)
+        text = f"{where}: {message}" if where else message
+        if self.allowed is not None:
+            text += f" (allowed: {', '.join(map(str, self.allowed)) or 'none'})"
+        super().__init__(text)
+
+
 def get_target(name: str, catalogue: Mapping[str, Target] | None = None) -> Target:
     cat = BUILTIN_TARGETS if catalogue is None else catalogue
     try:

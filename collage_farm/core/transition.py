@@ -15,21 +15,41 @@ search charges these on its edges, so the Dijkstra plan already accounts for the
   and the target: measured per campaign by `collage_farm.probes.cutcost` (each chunk of the model
   inside chains where its neighbours run on other toolchains vs on its own), `WithCutCosts`.
 
-`AnalyticTransitionModel` is a documented default (fixed latencies, bandwidths per device pair).
-`measured_transition_model` fills the same interface from the cost table's transition rows
-(`runners.transitions` measures them: the boundary excess of chained identity partitions per
-toolchain, copies per device pair), measuring what is missing when the campaign can measure;
-the analytic or configured model answers what no row covers.
+`AnalyticTransitionModel` is a documented default (fixed latencies, bandwidths per device pair);
+`ConfiguredTransitionModel` adds the per device-pair links and the host of a system file
+(`collage_farm.config` builds it). `MeasuredTransitionModel` fits the same interface from
+measured `TransitionSample`s (`collage_farm.probes.transitions` reads them from the cost table's
+transition rows, which `runners.transitions` measures: the boundary excess of chained identity
+partitions per toolchain, copies per device pair); its ``fallback`` (the analytic or configured
+model) answers what no sample covers. `scale_transitions` multiplies every penalty (what-ifs).
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from collage_farm.core.target import Target, VirtualDevice
+from collage_farm.core.target import CPU0, Target, VirtualDevice
+
+__all__ = [
+    "DEFAULT_HANDOFF_BYTES_PER_S",
+    "DEFAULT_LAUNCH_S",
+    "DEFAULT_LINKS",
+    "AnalyticTransitionModel",
+    "ConfiguredTransitionModel",
+    "Link",
+    "MeasuredTransitionModel",
+    "ScaledTransitionModel",
+    "TransitionModel",
+    "TransitionSample",
+    "WithCutCosts",
+    "ZeroTransitionModel",
+    "scale_transitions",
+    "split_scale",
+]
 
 
 class TransitionModel(abc.ABC):
@@ -157,148 +177,201 @@ class ZeroTransitionModel(TransitionModel):
 
 
 # ----------------------------------------------------------------------------------------
-# measured transition models from cost-table rows (runners.transitions writes them)
+# a system file's links, what-if scaling, and models fitted from measured samples
 
 
-def transition_samples(rows: Iterable[Any], mode: str | None = None,
-                       device: str | None = None) -> list[Any]:
-    """`collage_farm.config.TransitionSample` list from cost-table transition rows.
+@dataclass(frozen=True)
+class ConfiguredTransitionModel(AnalyticTransitionModel):
+    """`AnalyticTransitionModel` plus per device-pair links and a host device from a system file.
 
-    ``rows``: `CostRow` objects (any fingerprints; non-transition and failed rows are skipped).
-    ``mode``: only ``iso`` rows measured in this measurement mode (the boundary excess is
-    relative to how candidates were measured); ``device``: only rows of this device
-    description (None: any device, the newest row wins: offline reuse on another machine).
-    Launch rows (call floors) give no sample: every candidate's cost already contains one call.
+    ``device_links`` is keyed by device labels (``("cuda:0", "cuda:1")``); pairs not listed fall
+    back to the per-kind defaults. The search places graph inputs and outputs on ``cpu:0``;
+    ``host`` says which declared device that is (an MCU host is ``cpu:0/mcu``).
     """
-    from collage_farm.config import TransitionSample
-    from runners.base import canonical_mode
-    from runners.transitions import parse_fingerprint
 
-    newest: dict[tuple, Any] = {}
-    for r in rows:
-        info = parse_fingerprint(str(r.fingerprint))
-        if info is None or not r.ok or (device is not None and r.device != device):
-            continue
-        if mode is not None and info["kind"] == "iso":
-            try:
-                if r.config.measure_mode != canonical_mode(mode):
-                    continue
-            except ValueError:
-                continue
-        key = tuple(sorted(info.items()))
-        old = newest.get(key)
-        if old is None or r.created_at > old.created_at:
-            newest[key] = r
-    iso: dict[tuple[str, str, int], float] = {}
-    pipe: dict[tuple[str, str, int], float] = {}
-    out = []
-    for key, r in newest.items():
-        info = dict(key)
-        if info["kind"] == "copy":
-            out.append(TransitionSample("transfer", float(r.seconds), nbytes=info["nbytes"],
-                                        src=info["src"], dst=info["dst"]))
-        elif info["kind"] in ("iso", "pipe"):
-            k = (info["toolchain"], info["device"].split(":")[0], info["nbytes"])
-            (iso if info["kind"] == "iso" else pipe)[k] = float(r.seconds)
-    for k in sorted(set(iso) & set(pipe)):
-        tc, dev_kind, nb = k
-        out.append(TransitionSample("handoff", pipe[k] - 2.0 * iso[k], nbytes=nb,
-                                    toolchain=tc, device_kind=dev_kind))
-    return out
+    device_links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
+    host: VirtualDevice | None = None
+    label: str = "analytic+config"
+
+    def _canon(self, dev: VirtualDevice) -> VirtualDevice:
+        return self.host if self.host is not None and dev == CPU0 else dev
+
+    def link(self, src: VirtualDevice, dst: VirtualDevice) -> Link | None:
+        """The link used between two devices (None when they share memory)."""
+        src, dst = self._canon(src), self._canon(dst)
+        if src.same_memory(dst):
+            return None
+        got = self.device_links.get((src.label, dst.label))
+        if got is None:
+            got = self.links.get((src.kind, dst.kind), Link(20e-6, 5e9))
+        return got
+
+    def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
+        link = self.link(src, dst)
+        return 0.0 if link is None else self.scale * link.cost(nbytes)
 
 
-def _transition_rows(table: Any) -> list[Any]:
-    import pyarrow.compute as pc
+@dataclass(frozen=True)
+class ScaledTransitionModel(TransitionModel):
+    """Any transition model with every penalty multiplied by ``factor`` (what-if studies)."""
 
-    return table.rows(pc.starts_with(pc.field("fingerprint"), "transition:"))
+    base: TransitionModel
+    factor: float
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"{self.base.label}x{self.factor:g}"
+
+    def launch_s(self, target: Target) -> float:
+        return self.factor * self.base.launch_s(target)
+
+    def handoff_s(self, target: Target, nbytes: int) -> float:
+        return self.factor * self.base.handoff_s(target, nbytes)
+
+    def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
+        return self.factor * self.base.transfer_s(src, dst, nbytes)
 
 
-def _scale_of(model: TransitionModel) -> tuple[TransitionModel, float]:
-    """(model without its what-if scale, the scale): measured costs get the same what-if."""
-    import dataclasses
-
-    from collage_farm.config import ScaledTransitionModel
-
+def scale_transitions(model: TransitionModel, factor: float) -> TransitionModel:
+    """``model`` with every penalty multiplied by ``factor`` (>= 0)."""
+    if not (factor >= 0 and math.isfinite(factor)):
+        raise ValueError(f"transition scale must be a finite number >= 0, got {factor!r}")
+    if isinstance(model, AnalyticTransitionModel):
+        return dataclasses.replace(model, scale=model.scale * factor)
     if isinstance(model, ScaledTransitionModel):
-        base, f = _scale_of(model.base)
+        return ScaledTransitionModel(model.base, model.factor * factor)
+    return ScaledTransitionModel(model, factor)
+
+
+def split_scale(model: TransitionModel) -> tuple[TransitionModel, float]:
+    """(``model`` without its what-if scale, the scale), so that a model built in front of it
+    (measured costs) can be given the same what-if with `scale_transitions`."""
+    if isinstance(model, ScaledTransitionModel):
+        base, f = split_scale(model.base)
         return base, f * model.factor
     if isinstance(model, AnalyticTransitionModel) and model.scale != 1.0:
         return dataclasses.replace(model, scale=1.0), model.scale
     return model, 1.0
 
 
-def measured_transition_model(
-    table: Any,
-    targets: Sequence[Target],
-    *,
-    measure: bool = False,
-    config: Any = None,
-    fallback: TransitionModel | None = None,
-    host: VirtualDevice | None = None,
-    campaign_id: str = "",
-    sizes: Sequence[int] | None = None,
-) -> TransitionModel:
-    """The transition model of a campaign: measured rows where they exist, ``fallback`` else.
+@dataclass(frozen=True)
+class TransitionSample:
+    """One measured transition fact, as read from the cost table's transition rows.
 
-    ``table``: a cost-table directory or `CostTable`. With ``measure`` (a campaign that can
-    measure: the farm estimator), toolchains of ``targets`` that lack rows for this machine and
-    ``config``'s mode are measured here (`runners.transitions`, in this process: the embedded
-    farm's host) and the rows written to the table; copies between the targets' devices and
-    the host are measured where this machine has both. Without ``measure`` (offline) the rows
-    of any machine are used, newest first. ``fallback`` (the configured or analytic model)
-    answers what no row covers; a what-if scale on it applies to the measured model too.
-    ``sizes``: hand-off probe sizes in bytes (default `runners.transitions.HANDOFF_SIZES`).
-    Returns ``fallback`` unchanged when there are no usable rows.
+    * ``kind="transfer"``: median seconds to copy ``nbytes`` from device ``src`` to ``dst``
+      (labels such as ``cpu:0``, ``cuda:1``), timed with the device's own copy API;
+    * ``kind="launch"``: a per-partition fixed cost to charge on ``toolchain`` (``device_kind``
+      device), e.g. from a datasheet or a driver trace;
+    * ``kind="handoff"``: the measured boundary excess on ``toolchain`` at ``nbytes``: two
+      identity partitions chained, minus twice one alone (`runners.transitions` measures it,
+      `collage_farm.probes.transitions` reads it back): what a chain
+      of partitions costs beyond the sum of its parts. May be negative (noise, or a mode whose
+      isolated runs are pessimistic); the fit clamps what it charges at zero.
     """
-    from collage_farm.config import MeasuredTransitionModel, scale_transitions
-    from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
-    from runners.base import MeasureConfig
 
-    config = config or MeasureConfig()
-    base, factor = _scale_of(fallback or AnalyticTransitionModel())
-    tab = table if isinstance(table, CostTable) else CostTable(table)
-    device: str | None = None
-    if measure:
-        from runners.base import DeviceDescription
-        from runners.transitions import (
-            PROBED_TOOLCHAINS,
-            measure_copies,
-            measure_toolchain_transitions,
-        )
+    kind: str
+    seconds: float
+    nbytes: int = 0
+    src: str = ""
+    dst: str = ""
+    toolchain: str = ""
+    device_kind: str = ""
 
-        device = DeviceDescription.host_cpu().describe()
-        have = transition_samples(_transition_rows(tab), config.measure_mode, device)
-        have_tc = {(s.toolchain, s.device_kind) for s in have if s.kind == "handoff"}
-        todo = {}
-        for t in targets:
-            if (t.toolchain in PROBED_TOOLCHAINS and t.device.kind == "cpu"
-                    and (t.toolchain, t.device.kind) not in have_tc):
-                todo.setdefault((t.toolchain, t.device.label), t)
-        hostdev = host or VirtualDevice("cpu", 0)
-        have_copy = {(s.src, s.dst) for s in have if s.kind == "transfer"}
-        pairs = []
-        for t in targets:
-            for a, b in ((hostdev, t.device), (t.device, hostdev)):
-                if not a.same_memory(b) and (a.label, b.label) not in have_copy:
-                    pairs.append((a, b))
-        pairs = list(dict.fromkeys(pairs))
-        kw = {} if sizes is None else {"sizes": tuple(sizes)}
-        if todo or pairs:
-            with CostTableWriter(tab.path, campaign_id=campaign_id) as w:
-                for t in todo.values():
-                    for res in measure_toolchain_transitions(t, config, **kw):
-                        w.append(row_from_result(res, campaign_id=campaign_id,
-                                                 model="transitions", nodes=[],
-                                                 op_types=["Identity"]))
-                for res in measure_copies(pairs, config, **kw):
-                    w.append(row_from_result(res, campaign_id=campaign_id, model="transitions",
-                                             nodes=[], op_types=["copy"]))
-    rows = _transition_rows(tab)
-    samples = transition_samples(rows, config.measure_mode, device)
-    if not samples and device is not None:  # measured nothing usable here: any machine's rows
-        samples = transition_samples(rows, config.measure_mode, None)
-    if not samples:
-        return fallback or base
-    host_dev = host if host is not None else getattr(base, "host", None)
-    model: TransitionModel = MeasuredTransitionModel.from_samples(samples, base, host_dev)
-    return scale_transitions(model, factor) if factor != 1.0 else model
+
+@dataclass(frozen=True)
+class MeasuredTransitionModel(TransitionModel):
+    """Transition costs fitted from measured rows; ``fallback`` answers what was not measured.
+
+    Transfers: per (src, dst) label pair, latency + bytes / bandwidth fitted by least squares
+    over the measured sizes (one size only: all of it is charged as bandwidth). Launches: the
+    median per (toolchain, device kind). Hand-off excess (``handoff`` samples) per (toolchain,
+    device kind): ``fixed + per_byte x nbytes`` by least squares; the fixed part becomes the
+    launch penalty (one more partition is one more call) unless a ``launch`` sample says
+    otherwise, and the per-byte part is split between the two sides of a boundary tensor (the
+    search charges a hand-off when it leaves one partition and when it enters the next). Both
+    are clamped at zero (the search needs non-negative penalties). Hand-offs of toolchains
+    without samples come from ``fallback``.
+    """
+
+    fallback: TransitionModel
+    links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
+    launches: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    host: VirtualDevice | None = None
+    label: str = "measured"
+    #: (toolchain, device kind) -> (fixed seconds, seconds per byte) of the boundary excess
+    handoffs: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+    @staticmethod
+    def from_samples(samples: Iterable[TransitionSample], fallback: TransitionModel,
+                     host: VirtualDevice | None = None) -> MeasuredTransitionModel:
+        pts: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        lau: dict[tuple[str, str], list[float]] = {}
+        exc: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        for s in samples:
+            if not math.isfinite(s.seconds):
+                continue
+            if s.kind == "handoff":
+                exc.setdefault((s.toolchain, s.device_kind), []).append((s.nbytes, s.seconds))
+                continue
+            if s.seconds < 0:
+                continue
+            if s.kind == "transfer":
+                pts.setdefault((s.src, s.dst), []).append((s.nbytes, s.seconds))
+            elif s.kind == "launch":
+                lau.setdefault((s.toolchain, s.device_kind), []).append(s.seconds)
+            else:
+                raise ValueError(f"unknown transition sample kind {s.kind!r} "
+                                 "(transfer, launch, handoff)")
+        links = {pair: _fit_link(p) for pair, p in pts.items()}
+        launches = {k: sorted(v)[len(v) // 2] for k, v in lau.items()}
+        handoffs = {k: _fit_line(p) for k, p in exc.items()}
+        for k, (fixed, _per_byte) in handoffs.items():
+            launches.setdefault(k, max(0.0, fixed))
+        return MeasuredTransitionModel(fallback, links, launches, host, handoffs=handoffs)
+
+    def launch_s(self, target: Target) -> float:
+        got = self.launches.get((target.toolchain, target.device.kind))
+        return self.fallback.launch_s(target) if got is None else got
+
+    def handoff_s(self, target: Target, nbytes: int) -> float:
+        got = self.handoffs.get((target.toolchain, target.device.kind))
+        if got is None:
+            return self.fallback.handoff_s(target, nbytes)
+        return max(0.0, got[1]) * nbytes / 2.0
+
+    def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
+        if self.host is not None:
+            src = self.host if src == CPU0 else src
+            dst = self.host if dst == CPU0 else dst
+        if src.same_memory(dst):
+            return 0.0
+        link = self.links.get((src.label, dst.label))
+        return self.fallback.transfer_s(src, dst, nbytes) if link is None else link.cost(nbytes)
+
+
+def _fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of seconds over bytes; one size: (median, 0)."""
+    xs = [float(b) for b, _ in points]
+    ys = [s for _, s in points]
+    n = len(points)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return sorted(ys)[n // 2], 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def _fit_link(points: Sequence[tuple[int, float]]) -> Link:
+    xs = [float(b) for b, _ in points]
+    ys = [s for _, s in points]
+    n = len(points)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx > 0:
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        if slope > 0:
+            return Link(max(0.0, my - slope * mx), 1.0 / slope)
+    # one size (or no growth with size): charge it all per byte, never below the measurement
+    b = max(mx, 1.0)
+    return Link(0.0, b / my) if my > 0 else Link(0.0, math.inf)

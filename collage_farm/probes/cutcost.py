@@ -25,9 +25,10 @@ already in the candidates' own measurements.
 
 Like every measurement, the result lands in the cost table (`cached_cut_costs`): one row per
 target, fingerprint ``cutcost:<whole-model structural hash>:<chunks>``, on this host's device
-description. A later campaign on the same model and machine reuses the rows instead of probing
-again, so its transition penalties, and with them the candidates the lazy search asks for, do
-not change from run to run with the machine's noise.
+description, appended to the writer the caller passes (the campaign's single
+`CostTableWriter`; this module never opens one). A later campaign on the same model and machine
+reuses the rows instead of probing again, so its transition penalties, and with them the
+candidates the lazy search asks for, do not change from run to run with the machine's noise.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
+from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
+from collage_farm.execute.builder import Part, PlanBuilder
+from runners.base import DeviceDescription, Kind, MeasureConfig, MeasureResult, Status, Summary
+from runners.registry import get_toolchain
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +87,6 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
                       time_budget_s: float = 120.0) -> CutCosts:
     """Measure each target's cut cost for ``graph`` (module docstring). Never raises for a
     chain that cannot be built or run: it is skipped and named in ``skipped``."""
-    from collage_farm.postsearch.refine import Part, PlanBuilder
-
     t0 = time.perf_counter()
     masks = chunk_masks(graph, chunks)
     targets = list(dict.fromkeys(targets))
@@ -139,48 +142,41 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
 
 def cut_fingerprint(graph: DataflowGraph, chunks: int) -> str:
     """The cost-table fingerprint of a model's cut costs (structure, weights' shapes, chunks)."""
-    from collage_farm.core.subgraph import SubGraph
-
     whole = SubGraph(graph, graph.all_mask)
     return f"{CUT_PREFIX}{whole.structural_hash[:24]}:{max(1, min(chunks, len(graph.nodes)))}"
 
 
-def cached_cut_costs(table: Any, graph: DataflowGraph, targets: Sequence[Target], *,
-                     chunks: int = 6, measure: bool = True, campaign_id: str = "",
-                     **probe: Any) -> CutCosts | None:
-    """This model's cut costs from the cost table ``table`` (this host's rows), else measured
-    (``measure``) and written there; None when neither. ``probe``: `measure_cut_costs` options.
+def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Sequence[Target],
+                     *, writer: CostTableWriter | None = None, chunks: int = 6,
+                     measure: bool = True, campaign_id: str = "", **probe: Any
+                     ) -> CutCosts | None:
+    """This model's cut costs from ``table`` (this host's rows; None: no table to read), else
+    measured (``measure``) and appended to ``writer`` (None: not written); None when neither.
+    ``probe``: `measure_cut_costs` options.
     """
-    from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
-    from runners.base import DeviceDescription, Kind, MeasureConfig, MeasureResult, Status
-    from runners.base import Summary as _Summary
-    from runners.registry import get_toolchain
-
     targets = list(dict.fromkeys(targets))
     fp = cut_fingerprint(graph, chunks)
     host = DeviceDescription.host_cpu()
-    path = Path(table)
-    if path.is_dir():
-        hits = CostTable(path).lookup([(fp, t.measure_key) for t in targets],
-                                      device=host.describe(), strictness="device")
+    if table is not None:
+        hits = table.lookup([(fp, t.measure_key) for t in targets], device=host.describe(),
+                            strictness="device")
         if all((fp, t.measure_key) in hits and hits[fp, t.measure_key].ok for t in targets):
             cuts = {t.id: hits[fp, t.measure_key].seconds for t in targets}
             return CutCosts(cuts, int(fp.rsplit(":", 1)[1]), 0, cached=True)
     if not measure:
         return None
     cc = measure_cut_costs(graph, targets, chunks=chunks, **probe)
-    if cc.skipped and not cc.chain_s:
-        return cc  # nothing ran: nothing to keep
-    with CostTableWriter(path, campaign_id=campaign_id, background=False) as w:
-        for t in targets:
-            if any(s.startswith(f"{t.id}:") for s in cc.skipped):
-                continue  # the target's own chain failed: no measurement to keep
-            v = cc.cuts.get(t.id, 0.0)
-            res = MeasureResult(fp, t, Status.OK, MeasureConfig(mode="warm"), samples=(v,),
-                                summary=_Summary.of((v,)), kind=Kind.MEASURED, device=host,
-                                toolchain_version=get_toolchain(t.toolchain).version(),
-                                measure_s=cc.wall_s,
-                                details=(("chunks", cc.chunks), ("rounds", cc.rounds)))
-            w.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
-                                     nodes=[], op_types=["cut"]))
+    if (cc.skipped and not cc.chain_s) or writer is None:
+        return cc  # nothing ran (nothing to keep), or nowhere to keep it
+    for t in targets:
+        if any(s.startswith(f"{t.id}:") for s in cc.skipped):
+            continue  # the target's own chain failed: no measurement to keep
+        v = cc.cuts.get(t.id, 0.0)
+        res = MeasureResult(fp, t, Status.OK, MeasureConfig(mode="warm"), samples=(v,),
+                            summary=Summary.of((v,)), kind=Kind.MEASURED, device=host,
+                            toolchain_version=get_toolchain(t.toolchain).version(),
+                            measure_s=cc.wall_s,
+                            details=(("chunks", cc.chunks), ("rounds", cc.rounds)))
+        writer.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
+                                      nodes=[], op_types=["cut"]))
     return cc

@@ -10,23 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from collage_farm.config import (
-    TOOLCHAIN_OPTIONS,
-    VELA_DEFAULTS,
-    ConfigError,
+from collage_farm.config import ConfigError, builtin_systems, load_config
+from collage_farm.core.target import BUILTIN_TARGETS, CPU0, UnknownTargetError, VirtualDevice
+from collage_farm.core.transition import (
+    DEFAULT_LINKS,
     ConfiguredTransitionModel,
     MeasuredTransitionModel,
     ScaledTransitionModel,
     TransitionSample,
-    builtin_systems,
-    effective_options,
-    load_config,
+    ZeroTransitionModel,
     scale_transitions,
+)
+from runners.options import TOOLCHAIN_OPTIONS, effective_options
+from runners.vela_facts import (
+    VELA_DEFAULTS,
+    VELA_MEMORY_MODES,
+    VELA_SYSTEM_CONFIGS,
     vela_ini_path,
     vela_ini_sections,
 )
-from collage_farm.core.target import BUILTIN_TARGETS, CPU0, UnknownTargetError, VirtualDevice
-from collage_farm.core.transition import DEFAULT_LINKS, ZeroTransitionModel
 
 MB = 1_000_000
 CUDA0, CUDA1 = VirtualDevice("cuda", 0), VirtualDevice("cuda", 1)
@@ -164,11 +166,9 @@ def test_ethos_systems_npu_and_mcu_host(name):
 
 @pytest.mark.skipif(vela_ini_path() is None, reason="ethos-u-vela not installed")
 def test_vela_names_and_clocks_match_installed_vela_ini():
-    from collage_farm import config as C
-
     systems, modes, clocks = vela_ini_sections()
-    assert set(C._VELA_SYSTEM_CONFIGS) <= set(systems)
-    assert set(C._VELA_MEMORY_MODES) <= set(modes)
+    assert set(VELA_SYSTEM_CONFIGS) <= set(systems)
+    assert set(VELA_MEMORY_MODES) <= set(modes)
     for fam, (sc, mm) in VELA_DEFAULTS.items():
         assert sc in systems and mm in modes, fam
     for name in ("ethos-u55-128", "ethos-u55-256", "ethos-u65-256"):

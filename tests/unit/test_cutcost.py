@@ -13,7 +13,13 @@ from collage_farm.core.graph import load_graph
 from collage_farm.core.subgraph import iter_bits
 from collage_farm.core.target import BUILTIN_TARGETS as T
 from collage_farm.core.transition import AnalyticTransitionModel, WithCutCosts
-from collage_farm.probes.cutcost import chunk_masks, measure_cut_costs
+from collage_farm.costtable import CostTable, CostTableWriter
+from collage_farm.probes.cutcost import (
+    cached_cut_costs,
+    chunk_masks,
+    cut_fingerprint,
+    measure_cut_costs,
+)
 from tests.strategies import unary_chain
 
 
@@ -74,20 +80,19 @@ def test_campaign_wraps_transitions_only_when_toolchains_mix() -> None:
 def test_cut_costs_land_in_the_cost_table_and_are_reused(tmp_path) -> None:
     """A second campaign on the same model and host reads the probe back: same penalties, so
     the lazy search asks for the same candidates; offline campaigns reuse, never measure."""
-    from collage_farm.costtable import CostTable
-    from collage_farm.probes.cutcost import cached_cut_costs, cut_fingerprint
-
     g = load_graph(zoo.build("mnist"), name="mnist")
     targets = [T["ort-cpu"], T["openvino-cpu"]]
     table = tmp_path / "costs"
-    assert cached_cut_costs(table, g, targets, chunks=3, measure=False) is None
-    first = cached_cut_costs(table, g, targets, chunks=3, rounds=1, runs_per_round=2)
+    assert cached_cut_costs(CostTable(table), g, targets, chunks=3, measure=False) is None
+    with CostTableWriter(table) as w:
+        first = cached_cut_costs(CostTable(table), g, targets, writer=w, chunks=3, rounds=1,
+                                 runs_per_round=2)
     assert first is not None and not first.cached
     rows = CostTable(table).rows()
     fp = cut_fingerprint(g, 3)
     assert sorted(r.target for r in rows) == ["openvino-cpu", "ort-cpu"]
     assert all(r.fingerprint == fp and r.ok and r.kind == "measured" for r in rows)
-    again = cached_cut_costs(table, g, targets, chunks=3, measure=False)
+    again = cached_cut_costs(CostTable(table), g, targets, chunks=3, measure=False)
     assert again is not None and again.cached and again.rounds == 0
     assert again.cuts == pytest.approx(first.cuts)
     assert len(CostTable(table).rows()) == 2  # nothing measured or written again

@@ -15,12 +15,7 @@ import pytest
 
 from collage_farm import zoo
 from collage_farm.campaign import TuneOptions, build_specs, choose_transition
-from collage_farm.config import (
-    MeasuredTransitionModel,
-    TransitionSample,
-    load_config,
-    scale_transitions,
-)
+from collage_farm.config import load_config
 from collage_farm.core.cost import Cost
 from collage_farm.core.graph import load_graph
 from collage_farm.core.rules import RuleOptions, all_candidates
@@ -28,10 +23,12 @@ from collage_farm.core.search import search
 from collage_farm.core.target import CPU0, CUDA0, VirtualDevice, get_target
 from collage_farm.core.transition import (
     AnalyticTransitionModel,
-    measured_transition_model,
-    transition_samples,
+    MeasuredTransitionModel,
+    TransitionSample,
+    scale_transitions,
 )
 from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
+from collage_farm.probes.transitions import measured_transition_model, transition_samples
 from estimators.base import CostEstimator
 from estimators.mock import MockEstimator
 from runners.base import DeviceDescription, MeasureConfig, MeasureResult, Status
@@ -77,7 +74,9 @@ def test_fingerprints_round_trip() -> None:
 def test_measured_rows_written_read_back_fitted_and_reused_offline(tmp_path) -> None:
     table = tmp_path / "costs"
     sizes = (4096, 1 << 20)
-    m = measured_transition_model(table, [ORT], measure=True, config=FAST, sizes=sizes)
+    with CostTableWriter(table) as w:
+        m = measured_transition_model(CostTable(table), [ORT], writer=w, measure=True,
+                                      config=FAST, sizes=sizes)
     rows = CostTable(table).rows()
     kinds = sorted(parse_fingerprint(r.fingerprint)["kind"] for r in rows)
     assert kinds == ["iso", "iso", "launch", "pipe", "pipe"]
@@ -103,9 +102,11 @@ def test_measured_rows_written_read_back_fitted_and_reused_offline(tmp_path) -> 
 
     # a second campaign measures nothing more; offline reuse reads the same model
     n_files = len(CostTable(table).files())
-    again = measured_transition_model(table, [ORT], measure=True, config=FAST, sizes=sizes)
+    with CostTableWriter(table) as w:
+        again = measured_transition_model(CostTable(table), [ORT], writer=w, measure=True,
+                                          config=FAST, sizes=sizes)
     assert len(CostTable(table).files()) == n_files and again.handoffs == m.handoffs
-    off = measured_transition_model(table, [ORT], measure=False, config=FAST)
+    off = measured_transition_model(CostTable(table), [ORT], measure=False, config=FAST)
     assert isinstance(off, MeasuredTransitionModel) and off.handoffs == m.handoffs
     opts = TuneOptions(model="zoo:mnist", targets=(ORT,), out=tmp_path / "out",
                        estimator="offline", cost_table=table)
@@ -113,7 +114,8 @@ def test_measured_rows_written_read_back_fitted_and_reused_offline(tmp_path) -> 
     assert isinstance(chosen, MeasuredTransitionModel)
     assert chosen.handoffs == m.handoffs
     # another measurement mode's isolated rows are not this mode's: fallback
-    other = measured_transition_model(table, [ORT], config=MeasureConfig(mode="flush"))
+    other = measured_transition_model(CostTable(table), [ORT],
+                                      config=MeasureConfig(mode="flush"))
     assert isinstance(other, AnalyticTransitionModel)
     # mock campaigns keep the given model
     mock = TuneOptions(model="zoo:mnist", targets=(ORT,), out=tmp_path / "o2",
@@ -139,7 +141,8 @@ def test_fit_from_rows_with_known_numbers(tmp_path) -> None:
                                     get_target("openvino-cpu"), 1.0)],
            start=datetime.now(timezone.utc) - timedelta(days=1))
     _write(tmp_path / "c", res)
-    m = measured_transition_model(tmp_path / "c", [get_target("openvino-cpu")], config=FAST)
+    m = measured_transition_model(CostTable(tmp_path / "c"), [get_target("openvino-cpu")],
+                                  config=FAST)
     assert isinstance(m, MeasuredTransitionModel)
     ov = get_target("openvino-cpu")
     assert m.launch_s(ov) == pytest.approx(fixed, rel=1e-6)  # not the 12 us call floor
@@ -202,7 +205,7 @@ def test_two_gpus_pay_the_copy_cost_from_the_table(tmp_path) -> None:
            for nb in (1 << 12, 1 << 20, 1 << 24)]
     _write(tmp_path / "c", res)
     targets = list(cfg.targets.values())
-    m = measured_transition_model(tmp_path / "c", targets, fallback=cfg.transition,
+    m = measured_transition_model(CostTable(tmp_path / "c"), targets, fallback=cfg.transition,
                                   host=cfg.host)
     assert isinstance(m, MeasuredTransitionModel)
     n = 8 << 20
@@ -214,7 +217,7 @@ def test_two_gpus_pay_the_copy_cost_from_the_table(tmp_path) -> None:
     assert m.transfer_s(CPU0, CUDA0, n) == cfg.transition.transfer_s(CPU0, CUDA0, n)
     assert m.transfer_s(CPU0, CPU0, n) == 0.0  # one memory: no copy
     # a what-if scale on the configured model applies to the measured costs too
-    doubled = measured_transition_model(tmp_path / "c", targets,
+    doubled = measured_transition_model(CostTable(tmp_path / "c"), targets,
                                         fallback=scale_transitions(cfg.transition, 2.0),
                                         host=cfg.host)
     assert doubled.transfer_s(CUDA0, CUDA1, n) == pytest.approx(2 * (lat + n / bw), rel=1e-6)
