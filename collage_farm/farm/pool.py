@@ -107,6 +107,7 @@ class Farm(MeasurementService):
         used as is); ``"auto"`` or ``"ray://HOST:PORT"`` joins a cluster. ``num_cpus``: CPU
         measurement slots of an embedded Ray (default: all cores). ``toolchains``: those to
         serve (default: every registered toolchain). ``max_runners`` caps runners (benchmarks).
+        ``actor``: the runner actors' body (a `RunnerActor` subclass may add behaviour).
         """
         kinds = toolchain_kinds(toolchains)
         owns = connect(address, num_cpus=num_cpus, num_gpus=num_gpus, ethosu_slots=ethosu_slots,
@@ -289,13 +290,15 @@ class Farm(MeasurementService):
         self.progress.settle()
 
     def close(self) -> None:
-        """Stop the runner actors (and the embedded Ray this farm started)."""
+        """Stop the runner actors (and the embedded Ray this farm started); idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.progress.close()
+            self._stop()
+
+    def _stop(self) -> None:
         import ray
 
-        if self._closed:
-            return
-        self._closed = True
-        self.progress.close()
         if not ray.is_initialized():
             return
         refs = []

@@ -18,7 +18,6 @@ from typing import Any
 
 from collage_farm.core.target import Target
 from collage_farm.farm.calls import (
-    Handle,
     Outcome,
     PingReply,
     Refused,
@@ -27,7 +26,7 @@ from collage_farm.farm.calls import (
     one_line,
 )
 from collage_farm.farm.connect import node_alive
-from collage_farm.farm.records import Runner
+from collage_farm.farm.records import Handle, Runner
 from runners.base import DeviceDescription, MeasureRequest
 
 

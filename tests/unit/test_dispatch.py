@@ -15,21 +15,15 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import pytest
 
 from collage_farm.core.target import BUILTIN_TARGETS, CPU0, Target
 from collage_farm.farm import FarmError, RunnerInfo, RunnerPing, RunnerSpec, RunnerState
-from collage_farm.farm.calls import (
-    Handle,
-    Outcome,
-    PingReply,
-    Refused,
-    RunnerCalls,
-    RunReply,
-)
+from collage_farm.farm.calls import Outcome, PingReply, Refused, RunnerCalls, RunReply
 from collage_farm.farm.dispatch import RUNNER_DIED, Dispatcher, DispatchPolicy, DispatchTally
-from collage_farm.farm.records import Runner, Work
+from collage_farm.farm.records import Handle, Runner, Work
 from runners.base import (
     FARM_DETAIL,
     NO_RUNNER,
@@ -65,9 +59,11 @@ def crashed(req: MeasureRequest) -> MeasureResult:
                                 Status.CRASHED, "worker died from SIGKILL", req.config)
 
 
+@dataclass
 class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
+    """The dispatcher's monotonic clock; its idle pauses advance it."""
+
+    now: float = 1000.0
 
     def __call__(self) -> float:
         return self.now
@@ -187,6 +183,18 @@ def dispatcher(runners: list[Runner], calls: ScriptedCalls, clock: Clock | None 
                       tally=DispatchTally(), clock=clock, sleep=clock.sleep)
 
 
+def started(*labels: str, clock: Clock | None = None, **policy: float
+            ) -> tuple[ScriptedCalls, Runner, Dispatcher, list[Handle]]:
+    """One runner with a request per label sent to it: (calls, runner, dispatcher, handles)."""
+    calls = ScriptedCalls()
+    r = runner("cpu-0")
+    d = dispatcher([r], calls, clock, **policy)
+    for label in labels:
+        d.submit(request(label))
+    d.dispatch()
+    return calls, r, d, calls.pending(r)
+
+
 def test_results_come_in_completion_order_and_requests_are_pulled_as_runners_free_up(
         ) -> None:
     calls = ScriptedCalls()
@@ -236,14 +244,7 @@ def test_a_candidate_that_kills_its_runner_is_retried_elsewhere_then_recorded_cr
 def test_a_runner_that_died_mid_call_is_charged_with_the_call_its_journal_says_it_ran(
         ) -> None:
     """``a`` finished (journaled) but its reply died with the process ``b`` killed."""
-    calls = ScriptedCalls()
-    r = runner("cpu-0")
-    d = dispatcher([r], calls)
-    a, b = request("a"), request("b")
-    d.submit(a)
-    d.submit(b)
-    d.dispatch()
-    h_a, h_b = calls.pending(r)
+    calls, r, d, (h_a, h_b) = started("a", "b")
     calls.journal["cpu-0"] = 1  # a finished ...
     calls.die(r)  # ... and both replies fail alike
     d.on_ready(h_a)
@@ -255,7 +256,7 @@ def test_a_runner_that_died_mid_call_is_charged_with_the_call_its_journal_says_i
     d.on_ready(r.probe)
     assert r.state is RunnerState.ALIVE and r.incarnation == "inc-0+"
     wa, wb = d.queues["cpu"]
-    assert (wa.req, wb.req) == (a, b)  # both back, in order, at the front
+    assert (wa.req.label, wb.req.label) == ("a", "b")  # both back, in order, at the front
     assert (wa.crashes, wb.crashes) == (0, 1) and wb.avoid == {"cpu-0"}
     assert wb.errors == [SOCKET_CLOSED] and d.tally.retried == 2 and not d.ready
     d.on_ready(h_b)  # a stale handle of the dead incarnation changes nothing
@@ -263,12 +264,7 @@ def test_a_runner_that_died_mid_call_is_charged_with_the_call_its_journal_says_i
 
 
 def test_only_the_connection_failed_nobody_is_struck() -> None:
-    calls = ScriptedCalls()
-    r = runner("cpu-0")
-    d = dispatcher([r], calls)
-    d.submit(request("a"))
-    d.dispatch()
-    (h,) = calls.pending(r)
+    calls, r, d, (h,) = started("a")
     calls.replies[h] = RunReply(Outcome.UNAVAILABLE, error=SOCKET_CLOSED)  # same process
     d.on_ready(h)
     d.check_probes()
@@ -280,14 +276,8 @@ def test_only_the_connection_failed_nobody_is_struck() -> None:
 
 def test_a_crashed_result_is_delivered_only_once_the_same_process_answered_behind_it(
         ) -> None:
-    calls = ScriptedCalls()
-    r = runner("cpu-0")
-    d = dispatcher([r], calls)
+    calls, r, d, (h_x, h_y) = started("x", "y")
     x, y = request("x"), request("y")
-    for q in (x, y):
-        d.submit(q)
-    d.dispatch()
-    h_x, h_y = calls.pending(r)
     # x's worker really crashed: the actor answers the ping behind it, as the same process
     calls.answer(h_x, crashed(x))
     d.on_ready(h_x)
@@ -342,19 +332,14 @@ def test_a_lost_node_retires_its_runner_without_a_strike() -> None:
 
 def test_the_watchdog_kills_a_hung_call_and_it_is_recorded_as_a_timeout() -> None:
     clock = Clock()
-    calls = ScriptedCalls()
-    r = runner("cpu-0")
-    d = dispatcher([r], calls, clock, crash_limit=1, watchdog_slack_s=5.0)
+    calls, r, d, (h,) = started("hung", clock=clock, crash_limit=1, watchdog_slack_s=5.0)
     hung = request("hung")
-    d.submit(hung)
-    d.dispatch()
     clock.now += 10.0 + hung.config.timeout_s + 4.0
     d.watchdog()
     assert calls.killed == []  # within build + measure timeouts + slack
     clock.now += 2.0
     d.watchdog()
     assert calls.killed == [("cpu-0", True)]
-    (h,) = calls.pending(r)
     calls.die(r)
     d.on_ready(h)
     d.check_probes()
