@@ -33,6 +33,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from collage_farm import __version__
 from runners.base import (
     BuildInput,
     BuildResult,
@@ -43,6 +44,7 @@ from runners.base import (
     Status,
     Toolchain,
 )
+from runners.measure import summarize
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
@@ -133,8 +135,6 @@ class NullToolchain(Toolchain):
         return None
 
     def version(self) -> str:
-        from collage_farm import __version__
-
         return f"null {__version__}"
 
     # --- faults --------------------------------------------------------------------------
@@ -212,8 +212,6 @@ class NullToolchain(Toolchain):
         samples = cost * (1.0 + np.abs(noise))  # timing noise only ever adds
         medians = [float(np.median(r)) for r in samples]
         flat = tuple(float(x) for x in samples.ravel())
-        from runners.measure import summarize
-
         return MeasureResult(
             fingerprint=build.fingerprint, target=build.target, status=Status.OK,
             config=config, samples=flat, summary=summarize(flat, medians),

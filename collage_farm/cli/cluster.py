@@ -5,10 +5,11 @@ minutes into provisioning, or never (a misspelled custom resource just gives the
 runners). This check runs without a cloud account and in CI:
 
 1. YAML syntax (line and column of the error);
-2. **Ray's own validation**: ``ray.autoscaler._private.util.prepare_config`` (merge with the
-   provider's defaults, as ``ray up`` does) then ``validate_config`` (Ray's JSON schema). On a
-   schema error every offending key is named with its path and, for a misspelling, the
-   closest valid key. These are private Ray APIs: the project pins ``ray==2.60.0``.
+2. **Ray's own validation** (`collage_farm.farm.cluster`, the farm being the one package that
+   imports ``ray``): Ray's ``prepare_config`` (merge with the provider's defaults, as ``ray
+   up`` does) then ``validate_config`` (Ray's JSON schema). On a schema error every offending
+   key is named with its path and, for a misspelling, the closest valid key. These are private
+   Ray APIs: the project pins ``ray==2.60.0``.
 3. the farm's own rules: some node type must advertise a runner resource (``cpu_slot_<i>``,
    ``GPU`` or ``ethosu_sim``); a node type's ``cpu_slot_*`` count must not exceed its ``CPU``;
    a resource that looks like a misspelled runner resource is an error; Ray token
@@ -21,7 +22,6 @@ Exit status 0 when valid (warnings allowed), 2 otherwise, as every user error of
 from __future__ import annotations
 
 import argparse
-import copy
 import difflib
 import json
 import re
@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from collage_farm.farm.cluster import autoscaler_schema, prepare_and_validate
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -57,13 +59,6 @@ def _where(path: Iterable[object]) -> str:
     return "/".join(parts) if parts else "(top level)"
 
 
-def _schema() -> dict[str, Any]:
-    import ray.autoscaler
-
-    with open(Path(ray.autoscaler.__file__).parent / "ray-schema.json") as f:
-        return json.load(f)
-
-
 def _describe_schema_error(err: Any) -> str:
     """One line naming the bad key of a jsonschema ValidationError."""
     where = _where(err.absolute_path)
@@ -88,7 +83,7 @@ def _schema_errors(config: Mapping[str, Any]) -> list[str]:
     """Every schema error of ``config``, keys named (same schema file Ray validates with)."""
     import jsonschema
 
-    validator = jsonschema.Draft7Validator(_schema())
+    validator = jsonschema.Draft7Validator(autoscaler_schema())
     errs = sorted(validator.iter_errors(dict(config)), key=lambda e: list(map(str, e.path)))
     out: list[str] = []
     for e in errs:
@@ -165,12 +160,8 @@ def check_cluster_config(path: str | Path) -> CheckReport:
     # 1. the user's own keys against Ray's schema (before defaults hide a misspelled key)
     user_errors = _schema_errors(raw) if "provider" in raw else []
     # 2. Ray's own preparation and validation, exactly as `ray up` does
-    from ray.autoscaler._private.util import prepare_config, validate_config
-
-    prepared: dict[str, Any] | None = None
     try:
-        prepared = prepare_config(copy.deepcopy(raw))
-        validate_config(prepared)
+        prepared = prepare_and_validate(raw)
     except BaseException as e:  # jsonschema.ValidationError, ValueError, cli_logger.abort
         if isinstance(e, KeyboardInterrupt):
             raise

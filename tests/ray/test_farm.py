@@ -1,7 +1,8 @@
 """The farm on the shared local Ray cluster: measuring, dedupe, cache hits, runner death, resume.
 
 Costs come from the ``null`` toolchain (deterministic, microseconds, fault injection through
-target options) and, where real timing matters, from ONNX Runtime (``ort-cpu``).
+target options) and, where real timing matters, from ONNX Runtime (``ort-cpu``). Runner actor
+processes die on demand in farms started with `tests.ray.fault_drill.FaultDrillRunner`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collage_farm.core.graph import load_graph
 from collage_farm.core.rules import RuleOptions, all_candidates, default_spec
 from collage_farm.core.target import BUILTIN_TARGETS, CPU0, Target
 from runners.base import BuildInput, MeasureConfig, Status
+from tests.ray.fault_drill import FaultDrillRunner
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = MeasureConfig(warmup_runs=1, rounds=3, min_round_runs=3, min_round_s=0.002, timeout_s=60)
@@ -183,7 +185,7 @@ def test_runner_killed_mid_campaign(make_farm: Any, tmp_path: Path) -> None:
 def test_candidate_crashing_its_runner_twice_is_recorded_crashed(make_farm: Any,
                                                                  tmp_path: Path) -> None:
 
-    farm = make_farm(toolchains=["null"])
+    farm = make_farm(toolchains=["null"], actor=FaultDrillRunner)
     # the runner *actor process* exits whenever it is handed this one candidate
     cands = candidates("mnist", target=null_target(farm_exit_on=":conv2/relu", sleep_s=0.02))
     culprits = {c.fingerprint for c in cands if c.label().endswith(":conv2/relu")}
@@ -215,7 +217,7 @@ def test_call_whose_reply_died_with_its_runner_is_not_struck(make_farm: Any) -> 
     record it ``crashed`` after two strikes. The restarted runner's call journal says the call
     had finished, so it is re-queued without a strike and measured by a restarted runner.
     """
-    farm = make_farm(toolchains=["null"])
+    farm = make_farm(toolchains=["null"], actor=FaultDrillRunner)
     cands = candidates("mnist", target=null_target(farm_exit_after=":conv1/relu"))
     reqs = [q for q in requests_for(cands) if q.label.endswith(":conv1/relu")]
     assert len(reqs) == 1
@@ -239,7 +241,7 @@ def test_crashed_reply_of_a_runner_being_killed_is_not_a_crashed_row(make_farm: 
     (which no longer fires) measures it.
     """
 
-    farm = make_farm(toolchains=["null"], max_runners=1)
+    farm = make_farm(toolchains=["null"], max_runners=1, actor=FaultDrillRunner)
     cands = [c for c in candidates("mnist", target=null_target(farm_killed_on=":conv1/relu"))
              if c.label().endswith(":conv1/relu")]
     assert len(cands) == 1

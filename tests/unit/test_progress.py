@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-import collage_farm.farm as farm_mod
+import collage_farm.farm.progress as progress_mod
 from collage_farm.core.target import CPU0, CUDA0, Target
 from collage_farm.farm import Progress
 from runners.base import BuildResult, MeasureConfig, MeasureResult, Status
@@ -38,7 +38,7 @@ def _result(kind: str, ok: bool = True) -> MeasureResult:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(farm_mod.time, "monotonic", c)
+    monkeypatch.setattr(progress_mod.time, "monotonic", c)
     return c
 
 
