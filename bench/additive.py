@@ -4,7 +4,7 @@ For each model and each measurement mode (warm, flush, network) this tunes the m
 (ort-cpu + openvino-cpu; candidates measured in this process by the toolchains' own
 ``measure`` with ``MeasureConfig(mode=...)``, pruned lazily by the analytic bound), once with
 the analytic transition model and once with the measured one (`runners.transitions` rows
-through `collage_farm.core.transition.measured_transition_model`), runs each plan end to end
+through `collage_farm.probes.transitions.measured_transition_model`), runs each plan end to end
 interleaved with the whole model on each toolchain (`executor.compare_interleaved`, warm
 steady-state runs: the truth is a model served in a loop), and prints the additive error
 (measured - sum of estimates) / measured. Also prints, per mode, the isolated cost of a
@@ -44,12 +44,10 @@ from collage_farm.core.plan import make_plan, write_plan
 from collage_farm.core.rules import RuleOptions, all_candidates
 from collage_farm.core.search import search
 from collage_farm.core.target import parse_targets
-from collage_farm.core.transition import (
-    AnalyticTransitionModel,
-    TransitionModel,
-    measured_transition_model,
-)
+from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
+from collage_farm.costtable import CostTable, CostTableWriter
 from collage_farm.execute import PlanExecutor, compare_interleaved
+from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.zoo import packaged
 from estimators.analytic import AnalyticEstimator
 from estimators.base import CostEstimator
@@ -157,7 +155,9 @@ def run_case(name: str, kw: dict, modes: Sequence[str], targets: list, work: Pat
             config = MeasureConfig(mode=mode)
         est = InProcessEstimator(config, name)
         table = work / f"costs-{mode}"
-        measured = measured_transition_model(table, targets, measure=True, config=config)
+        with CostTableWriter(table) as writer:
+            measured = measured_transition_model(CostTable(table), targets, writer=writer,
+                                                 measure=True, config=config)
         models: list[tuple[str, TransitionModel]] = [("analytic", AnalyticTransitionModel()),
                                                      ("measured", measured)]
         for tname, tm in [(n, m) for n, m in models if n in transitions]:
