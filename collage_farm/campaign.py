@@ -38,21 +38,45 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from collage_farm import zoo
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.graph import DataflowGraph, ModelError, load_graph
-from collage_farm.core.plan import make_plan, write_plan
+from collage_farm.core.pins import PinSet, filter_candidates
+from collage_farm.core.plan import PlanError, make_plan, write_plan
 from collage_farm.core.rules import PartitionSpec, RuleOptions, all_candidates, default_spec
 from collage_farm.core.search import NoCoverError, SearchResult, search
-from collage_farm.core.target import Target
-from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import CPU0, Target
+from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel, WithCutCosts
+from collage_farm.costtable import CostTable, CostTableWriter, check_writable
+from collage_farm.execute import SIMULATED_TOOLCHAINS
+from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.farm import Farm
+from collage_farm.postsearch.refine import (
+    NOISE_FLOOR,
+    SIMULATED,
+    Paired,
+    VerifyResult,
+    paired,
+    parts_of,
+    refine,
+    to_search_result,
+    verify,
+)
+from collage_farm.probes.cutcost import cached_cut_costs
+from collage_farm.probes.transitions import measured_transition_model
+from collage_farm.report import write_report
+from collage_farm.zoo import packaged
 from estimators.base import CostEstimator
-
-if TYPE_CHECKING:
-    from collage_farm.postsearch.refine import Paired, Part, PlanBuilder, VerifyResult
+from estimators.measured import FarmEstimator
+from estimators.mock import MockEstimator
+from estimators.table import TableEstimator
+from runners.base import CANDIDATE_MODE, MeasureConfig
+from runners.calibration import calibrate
+from runners.registry import capabilities_for
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +119,12 @@ class TuneOptions:
 def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
                 layers: int | None = None) -> DataflowGraph:
     """A model path, ``zoo:NAME`` or ``pkg:NAME`` (`collage_farm.zoo.packaged`), loaded."""
-    from collage_farm.zoo import packaged
 
     if spec.startswith(packaged.PREFIX):
         if layers is not None:
             raise ModelError("--layers applies to zoo models only")
         return packaged.load(spec[len(packaged.PREFIX):], shapes)
     if spec.startswith("zoo:"):
-        from collage_farm import zoo
 
         name = spec[4:]
         kw = {} if layers is None else {"layers": layers}
@@ -128,7 +150,6 @@ def campaign_table(opts: TuneOptions) -> Path | None:
 
 def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[PartitionSpec]:
     """Phase 1: a rule tree per target from its toolchain's capabilities."""
-    from runners.registry import capabilities_for
 
     specs = []
     for t in targets:
@@ -142,7 +163,6 @@ def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
     """Calibrated ranges (whole fp32 model, once) for targets that quantise."""
     if not any(t.toolchain == "vela" for t in targets):
         return None
-    from runners.calibration import calibrate
 
     ranges = calibrate(graph)
 
@@ -156,34 +176,26 @@ def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
     return for_candidate
 
 
-def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
+def make_estimator(opts: TuneOptions, graph: DataflowGraph,
+                   writer: CostTableWriter | None = None) -> CostEstimator:
+    """The campaign's estimator. A farm estimator appends its rows to ``writer`` (the
+    campaign's one writer on its cost table; opened here when None)."""
     if opts.estimator == "mock":
-        from estimators.mock import MockEstimator
-
         return MockEstimator()
     if opts.estimator == "offline":
-        from estimators.table import TableEstimator
-
         if opts.cost_table is None:
             raise ValueError("--offline needs --cost-table DIR")
         return TableEstimator(opts.cost_table, allow_analytic=opts.allow_analytic,
                               strictness=opts.strictness, mode=opts.measure_mode or None)
     if opts.estimator == "farm":
-        from collage_farm.farm import Farm
-        from estimators.measured import FarmEstimator
-
         table = campaign_table(opts)
         assert table is not None
-        from collage_farm.costtable import check_writable
-
         check_writable(table)  # before Ray starts: an unwritable table costs no measurements
         farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
                           num_cpus=opts.num_cpus)
-        from runners.base import CANDIDATE_MODE, MeasureConfig
-
         return FarmEstimator(
             farm,
-            table,
+            writer if writer is not None else table,
             campaign_id=opts.campaign_id,
             model=graph.name,
             measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
@@ -195,14 +207,15 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph) -> CostEstimator:
     raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
 
 
-def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
-                      ) -> TransitionModel:
+def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
+                      writer: CostTableWriter | None = None) -> TransitionModel:
     """The search's transition model: measured rows from the cost table where they exist.
 
     ``opts.transition`` (configured, or analytic) is the fallback for what no row covers. A
     farm campaign that built its own estimator (``measure``) measures the missing transition
-    rows on this machine first (`collage_farm.core.transition.measured_transition_model`); an
-    offline campaign reuses the table's rows; mock campaigns keep the given model.
+    rows on this machine first (`collage_farm.probes.transitions.measured_transition_model`)
+    and appends them to ``writer``; an offline campaign reuses the table's rows; mock campaigns
+    keep the given model.
     """
     fallback = opts.transition or AnalyticTransitionModel()
     table = campaign_table(opts)
@@ -210,13 +223,11 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
         return fallback
     if not measure and not Path(table).is_dir():
         return fallback
-    from collage_farm.core.target import CPU0
-    from collage_farm.core.transition import measured_transition_model
-
     config = getattr(est, "config", None)
     try:
         return measured_transition_model(
-            table, opts.targets, measure=measure and opts.estimator == "farm",
+            CostTable(table), opts.targets, writer=writer,
+            measure=measure and opts.estimator == "farm",
             config=config, fallback=fallback, host=getattr(fallback, "host", None) or CPU0,
             campaign_id=opts.campaign_id)
     except Exception as e:  # a broken probe must not cost the campaign: say so, go on
@@ -227,22 +238,20 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool
 
 def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
                    transition: TransitionModel, table: Path | None = None,
-                   campaign_id: str = "", measure: bool = True
+                   campaign_id: str = "", measure: bool = True,
+                   writer: CostTableWriter | None = None
                    ) -> tuple[TransitionModel, dict | None]:
     """``transition`` plus this model's measured cut costs (`collage_farm.probes.cutcost`) when the
     campaign mixes two or more toolchains that run here; unchanged (and why) otherwise. With a
-    cost ``table``, rows of an earlier probe on this host are reused and new ones written."""
-    from collage_farm.core.transition import WithCutCosts
-    from collage_farm.execute import SIMULATED_TOOLCHAINS
-
+    cost ``table``, rows of an earlier probe on this host are reused; new ones are appended to
+    ``writer``."""
     live = [t for t in targets if t.toolchain not in SIMULATED_TOOLCHAINS]
     if len({t.toolchain for t in live}) < 2:
         return transition, None
-    from collage_farm.probes.cutcost import cached_cut_costs, measure_cut_costs
-
     try:
-        cc = (cached_cut_costs(table, graph, live, campaign_id=campaign_id, measure=measure)
-              if table else measure_cut_costs(graph, live) if measure else None)
+        ct = CostTable(table) if table is not None and Path(table).is_dir() else None
+        cc = cached_cut_costs(ct, graph, live, writer=writer, campaign_id=campaign_id,
+                              measure=measure)
         if cc is None:  # offline, and no earlier probe of this model in the table
             return transition, None
     except Exception as e:  # a broken probe must not cost the campaign: say so, go on
@@ -270,7 +279,6 @@ def _with_reasons(e: NoCoverError, candidates: Sequence[CandidatePartition],
 def _check_out(out: Path) -> None:
     """``--out`` must be a directory or creatable as one (found after a campaign, it cost the
     campaign; the measured rows were safe in the table, the user's time was not)."""
-    from collage_farm.core.plan import PlanError
 
     for p in (out, *out.parents):
         if p.exists():
@@ -293,23 +301,31 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     specs = build_specs(opts.targets, opts.rule_options)
     candidates = all_candidates(graph, specs)
     if opts.pins is not None:
-        from collage_farm.core.pins import filter_candidates
 
         candidates = filter_candidates(candidates, opts.pins)
     t_cands = time.perf_counter()
     fingerprints = {c.fingerprint for c in candidates}
 
     own = estimator is None
-    est = estimator or make_estimator(opts, graph)
-    transition = choose_transition(opts, est, measure=own)
-    cut_info: dict | None = None
-    if opts.cut_costs and est.label in ("farm", "table", "table+analytic"):
-        # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
-        transition, cut_info = with_cut_costs(graph, opts.targets, transition,
-                                              campaign_table(opts), campaign_id,
-                                              measure=est.label == "farm")
+    # the campaign's one writer on its cost table: candidates, transitions and cut costs
+    table = campaign_table(opts)
+    writer = (CostTableWriter(check_writable(table), campaign_id=campaign_id)
+              if own and opts.estimator == "farm" and table is not None else None)
     post: PostSearch | None = None
     try:
+        est = estimator or make_estimator(opts, graph, writer)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
+    try:
+        transition = choose_transition(opts, est, measure=own, writer=writer)
+        cut_info: dict | None = None
+        if opts.cut_costs and est.label in ("farm", "table", "table+analytic"):
+            # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
+            transition, cut_info = with_cut_costs(graph, opts.targets, transition,
+                                                  table, campaign_id,
+                                                  measure=est.label == "farm", writer=writer)
         lazy = bool(opts.prune and est.has_lower_bound)
         try:
             result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
@@ -325,8 +341,12 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             post = post_search(opts, graph, result, est, transition)
     finally:
         stats = est.stats()
-        if own:
-            est.close()
+        try:
+            if own:
+                est.close()
+        finally:
+            if writer is not None:
+                writer.close()
     dijkstra = result
     if post is not None:
         result = post.result
@@ -393,7 +413,6 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             else "skipped (--no-verify, --refine-trials 0)")
     if opts.report:
         try:
-            from collage_farm.report import write_report
 
             summary["report"] = str(write_report(opts.out, summary,
                                                  post.measured if post else None))
@@ -424,8 +443,6 @@ def confirm(graph: DataflowGraph, candidates: Sequence[CandidatePartition],
     Simulated candidates (Vela's estimate) are deterministic: left alone. The info dict logs
     every re-measured candidate (before / after).
     """
-    from collage_farm.core.subgraph import SubGraph
-    from collage_farm.execute import SIMULATED_TOOLCHAINS
 
     t0 = time.perf_counter()
     wholes = [CandidatePartition(SubGraph(graph, graph.all_mask), t, rule="whole")
@@ -497,7 +514,6 @@ def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyRe
       non-additivity of the plan (cuts, cache interplay), which is what the search's ranking
       depends on.
     """
-    from collage_farm.postsearch.refine import Part, to_search_result
 
     out: dict = {}
     est_s: dict[str, float] = {}
@@ -535,7 +551,6 @@ def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyRe
 
 def _should_extend(cmp: Paired, whole: bool, extend_rounds: int) -> bool:
     """A mix is worth more rounds when it looks faster than the floor but not beyond noise."""
-    from collage_farm.postsearch.refine import NOISE_FLOOR
 
     return (extend_rounds > 0 and not whole and not cmp.a_faster and cmp.pairs > 0
             and cmp.ratio < 1.0 - NOISE_FLOOR)
@@ -545,8 +560,6 @@ def _mix_run(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Targ
              best: str, rounds: int, builder: PlanBuilder) -> VerifyResult | None:
     """One interleaved run of the mix (as ``"mix"``) and the best single toolchain's whole
     model, or None when either fails to run in it."""
-    from collage_farm.postsearch.refine import verify
-    from runners.base import MeasureConfig
 
     t = [x for x in targets if x.id == best]
     v = verify(graph, {"mix": parts}, t, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
@@ -560,7 +573,6 @@ def _extend(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Targe
     the best single, paired round by round and pooled with the first run's pairs (each pair
     comes from one turn of one rotation, so pooling two runs keeps every pair clean). None
     when either fails to run, or the first run has no round medians to pool with."""
-    from collage_farm.postsearch.refine import paired
 
     a0, b0 = first.round_medians.get(mix, ()), first.round_medians.get(best, ())
     if not a0 or not b0:
@@ -603,23 +615,12 @@ def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
     (`refine.noise_threshold`: 3% floor); otherwise the output plan is the best single
     toolchain's whole model, and the summary says so with both figures.
     """
-    from collage_farm.postsearch.refine import (
-        SIMULATED,
-        Part,
-        PlanBuilder,
-        parts_of,
-        refine,
-        to_search_result,
-        verify,
-    )
-    from runners.base import MeasureConfig
 
     t0 = time.perf_counter()
     builder = PlanBuilder(graph, threads=1)
     start = parts_of(result)
     pins = opts.pins
     if pins is not None:
-        from collage_farm.core.pins import PinSet
 
         pins = PinSet.of(pins)  # type: ignore[arg-type]
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
