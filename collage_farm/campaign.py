@@ -176,26 +176,28 @@ def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
     return for_candidate
 
 
-def make_estimator(opts: TuneOptions, graph: DataflowGraph,
-                   writer: CostTableWriter | None = None) -> CostEstimator:
-    """The campaign's estimator. A farm estimator appends its rows to ``writer`` (the
-    campaign's one writer on its cost table; opened here when None)."""
+def make_estimator(opts: TuneOptions, graph: DataflowGraph
+                   ) -> tuple[CostEstimator, CostTableWriter | None]:
+    """The campaign's estimator, and for a farm campaign the campaign's one writer on its cost
+    table (the estimator's; the campaign appends its transition and cut-cost rows to it too).
+    The writer is opened only once Ray is up, so a campaign refused before measuring leaves no
+    table directory behind."""
     if opts.estimator == "mock":
-        return MockEstimator()
+        return MockEstimator(), None
     if opts.estimator == "offline":
         if opts.cost_table is None:
             raise ValueError("--offline needs --cost-table DIR")
         return TableEstimator(opts.cost_table, allow_analytic=opts.allow_analytic,
-                              strictness=opts.strictness, mode=opts.measure_mode or None)
+                              strictness=opts.strictness, mode=opts.measure_mode or None), None
     if opts.estimator == "farm":
         table = campaign_table(opts)
         assert table is not None
         check_writable(table)  # before Ray starts: an unwritable table costs no measurements
         farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
                           num_cpus=opts.num_cpus)
-        return FarmEstimator(
+        est = FarmEstimator(
             farm,
-            writer if writer is not None else table,
+            table,
             campaign_id=opts.campaign_id,
             model=graph.name,
             measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
@@ -204,6 +206,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph,
             strictness=opts.strictness,
             retry="all" if opts.retry_failed else "transient",
         )
+        return est, est.writer
     raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
 
 
@@ -307,17 +310,10 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     fingerprints = {c.fingerprint for c in candidates}
 
     own = estimator is None
-    # the campaign's one writer on its cost table: candidates, transitions and cut costs
     table = campaign_table(opts)
-    writer = (CostTableWriter(check_writable(table), campaign_id=campaign_id)
-              if own and opts.estimator == "farm" and table is not None else None)
+    # a farm campaign's one writer on its cost table: candidates, transitions and cut costs
+    est, writer = make_estimator(opts, graph) if estimator is None else (estimator, None)
     post: PostSearch | None = None
-    try:
-        est = estimator or make_estimator(opts, graph, writer)
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        raise
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
         cut_info: dict | None = None
@@ -341,12 +337,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             post = post_search(opts, graph, result, est, transition)
     finally:
         stats = est.stats()
-        try:
-            if own:
-                est.close()
-        finally:
-            if writer is not None:
-                writer.close()
+        if own:
+            est.close()  # closes the writer it opened
     dijkstra = result
     if post is not None:
         result = post.result
