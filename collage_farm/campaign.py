@@ -11,14 +11,15 @@ plan (phase 4). Estimators are picked by the caller:
 * ``mock``: deterministic fake costs, labelled as such everywhere they appear.
 
 After the search, a measured campaign (farm costs) first re-measures the candidates on the
-chosen path and searches again until the path is made of re-measured candidates (`confirm`: the
-cheapest of thousands of noisy costs is biased low). It then does not trust the sum of isolated
-costs (`post_search`): it refines the plan with measured local moves
-(`collage_farm.postsearch.refine`) and
-then times the Dijkstra plan, the refined plan and every searched target's whole model in one
-interleaved run; the mix is written only if it beats the best single toolchain beyond noise,
-else that toolchain's whole model is (never worse). Mock and offline campaigns skip this and say
-so. Every campaign writes ``report.html`` beside the plan unless told not to.
+chosen path and searches again until the path is made of re-measured candidates
+(`collage_farm.postsearch.confirm`: the cheapest of thousands of noisy costs is biased low). It
+then does not trust the sum of isolated costs (`collage_farm.postsearch.decide.post_search`):
+it refines the plan with measured local moves (`collage_farm.postsearch.refine`) and then times
+the Dijkstra plan, the refined plan and every searched target's whole model in one interleaved
+run (`collage_farm.postsearch.never_worse`); the mix is written only if it beats the best
+single toolchain beyond noise, else that toolchain's whole model is (never worse). Mock and
+offline campaigns skip this and say so. Every campaign writes ``report.html`` beside the plan
+unless told not to.
 
 The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
 keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
@@ -39,8 +40,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from collage_farm import zoo
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.graph import DataflowGraph, ModelError, load_graph
@@ -48,24 +47,13 @@ from collage_farm.core.pins import PinSet, filter_candidates
 from collage_farm.core.plan import PlanError, make_plan, write_plan
 from collage_farm.core.rules import PartitionSpec, RuleOptions, all_candidates, default_spec
 from collage_farm.core.search import NoCoverError, SearchResult, search
-from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import CPU0, Target
 from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel, WithCutCosts
 from collage_farm.costtable import CostTable, CostTableWriter, check_writable
 from collage_farm.execute import SIMULATED_TOOLCHAINS
-from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.farm import Farm
-from collage_farm.postsearch.refine import (
-    NOISE_FLOOR,
-    SIMULATED,
-    Paired,
-    VerifyResult,
-    paired,
-    parts_of,
-    refine,
-    to_search_result,
-    verify,
-)
+from collage_farm.postsearch.confirm import confirm
+from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
 from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
@@ -334,7 +322,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             result, confirm_info = confirm(graph, candidates, est, transition, result,
                                            opts.targets, rounds=opts.confirm_rounds, lazy=lazy)
         if measured and (opts.verify or opts.refine_trials > 0):
-            post = post_search(opts, graph, result, est, transition)
+            post = post_search(post_search_options(opts), graph, result, est, transition)
     finally:
         stats = est.stats()
         if own:
@@ -415,339 +403,11 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     return summary
 
 
-def confirm(graph: DataflowGraph, candidates: Sequence[CandidatePartition],
-            est: CostEstimator, transition: TransitionModel, result: SearchResult,
-            targets: Sequence[Target], *, rounds: int = 3, lazy: bool = True
-            ) -> tuple[SearchResult, dict]:
-    """Re-measure the chosen path's candidates and re-search, until the path is confirmed.
-
-    Why: Dijkstra picks the cheapest path among thousands of candidate costs, each measured
-    once on a noisy machine, so the costs on the path it picks are biased low (the winner's
-    curse): on this VM the search promised mixes 4-28% faster than they ran. A fresh
-    measurement of just those candidates is independent of the choice, hence unbiased; with it
-    the search may prefer another path, whose new candidates are re-measured in turn. Each
-    round re-measures, in one farm batch, the path's candidates not yet re-measured and each
-    target's whole model (so the path and the single toolchains are priced at the same time,
-    on the same drift). A cost that already is a re-measurement (`is_confirmed`: here, or in
-    an earlier campaign's table row) is not measured again, so a re-run measures only what
-    an earlier run left unconfirmed (out of rounds, or a re-measurement too noisy to count).
-    Stops when a path is made only of re-measured candidates ("stable"), or after ``rounds``.
-    Simulated candidates (Vela's estimate) are deterministic: left alone. The info dict logs
-    every re-measured candidate (before / after).
-    """
-
-    t0 = time.perf_counter()
-    wholes = [CandidatePartition(SubGraph(graph, graph.all_mask), t, rule="whole")
-              for t in targets if t.toolchain not in SIMULATED_TOOLCHAINS]
-    done: set[str] = set()
-    reused = 0  # confirmed by an earlier campaign (its table row is a re-measurement)
-    entries: list[dict] = []
-    stopped = "rounds"
-    first_path = [p.candidate.fingerprint for p in result.partitions]
-    search_s = 0.0  # the re-searches
-    for _ in range(rounds):
-        todo: dict[str, CandidatePartition] = {}
-        for c in [p.candidate for p in result.partitions] + wholes:
-            if c.target.toolchain in SIMULATED_TOOLCHAINS or c.fingerprint in done:
-                continue
-            todo.setdefault(c.fingerprint, c)
-        if not todo:
-            stopped = "stable"
-            break
-        batch = list(todo.values())
-        before = est.estimate(batch)  # memo hits (wholes are measured here if never were)
-        done.update(todo)
-        reused += sum(1 for c in batch if est.is_confirmed(c))
-        live = [(c, b) for c, b in zip(batch, before) if b.is_known and not est.is_confirmed(c)]
-        if not live:
-            continue
-        after = est.remeasure([c for c, _ in live])
-        if after is None:
-            return result, {"skipped": f"the {est.label} estimator cannot re-measure"}
-        for (c, b), a in zip(live, after):
-            entries.append({"candidate": c.label(), "before_s": b.seconds,
-                            "after_s": a.seconds if a.is_known else None})
-        result = search(graph, candidates, est, transition, lazy=lazy)
-        search_s += result.search_s
-    else:
-        if all(p.candidate.fingerprint in done
-               or p.candidate.target.toolchain in SIMULATED_TOOLCHAINS
-               for p in result.partitions):
-            stopped = "stable"
-    ratios = [e["after_s"] / e["before_s"] for e in entries
-              if e["after_s"] and e["before_s"] and e["before_s"] > 0]
-    return result, {
-        "remeasured": len(entries),
-        "already_confirmed": reused,
-        "stopped_by": stopped,
-        "path_changed": [p.candidate.fingerprint for p in result.partitions] != first_path,
-        "median_after_over_before": float(np.median(ratios)) if ratios else None,
-        "wall_s": time.perf_counter() - t0,
-        "search_s": search_s,
-        "log": entries,
-    }
-
-
-def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyResult,
-                       targets: Sequence[Target], est: CostEstimator,
-                       transition: TransitionModel) -> dict:
-    """What the search believed against what ran, split into drift and additivity.
-
-    * ``singles_estimated_s``: each target's whole model as the search's estimator prices it
-      (cost table or farm, the same path as every candidate; a missing row is measured now).
-    * ``estimated_gain_vs_best_single``: the best of those the pins allow over the Dijkstra
-      estimate, i.e. how much faster than one toolchain the search *believed* its mix to be.
-      A mix cannot be expected to win by more end to end.
-    * ``calibration``: measured / estimated per target, from the whole models of the verify
-      run. It is the drift between the campaign and the verify run plus any runner-vs-executor
-      offset, both of which scale every partition on that target alike.
-    * ``dijkstra_calibrated_additive_error``: the Dijkstra plan's measured latency against its
-      estimate with each partition scaled by its target's calibration: what is left is the
-      non-additivity of the plan (cuts, cache interplay), which is what the search's ranking
-      depends on.
-    """
-
-    out: dict = {}
-    est_s: dict[str, float] = {}
-    for t in targets:
-        if t.id not in v.singles:
-            continue
-        try:
-            r = to_search_result(graph, [Part(graph.all_mask, t)], dijkstra,
-                                 estimate=est.estimate, transition=transition, rule="single")
-        except Exception as e:  # a diagnostic: never costs the plan
-            log.warning("whole-model estimate on %s failed: %s", t.id, e)
-            continue
-        if math.isfinite(r.total_s) and r.total_s > 0:
-            est_s[t.id] = r.total_s
-    out["singles_estimated_s"] = est_s
-    d_est = dijkstra.total_s
-    ok = math.isfinite(d_est) and d_est > 0
-    allowed = [e for tid, e in est_s.items() if tid not in v.ineligible]  # what pins allow
-    out["estimated_gain_vs_best_single"] = (min(allowed) / d_est if allowed and ok else None)
-    cal = {}
-    for tid, e in est_s.items():
-        m = v.median(tid)
-        if m:
-            cal[tid] = m / e
-    out["calibration"] = cal
-    d_s = v.median("dijkstra")
-    parts = dijkstra.partitions
-    if d_s and ok and parts and all(p.candidate.target.id in cal for p in parts):
-        scaled = sum((p.cost.seconds + p.penalty_s) * cal[p.candidate.target.id] for p in parts)
-        out["dijkstra_calibrated_additive_error"] = (d_s - scaled) / d_s
-    else:
-        out["dijkstra_calibrated_additive_error"] = None
-    return out
-
-
-def _should_extend(cmp: Paired, whole: bool, extend_rounds: int) -> bool:
-    """A mix is worth more rounds when it looks faster than the floor but not beyond noise."""
-
-    return (extend_rounds > 0 and not whole and not cmp.a_faster and cmp.pairs > 0
-            and cmp.ratio < 1.0 - NOISE_FLOOR)
-
-
-def _mix_run(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Target],
-             best: str, rounds: int, builder: PlanBuilder) -> VerifyResult | None:
-    """One interleaved run of the mix (as ``"mix"``) and the best single toolchain's whole
-    model, or None when either fails to run in it."""
-
-    t = [x for x in targets if x.id == best]
-    v = verify(graph, {"mix": parts}, t, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
-               builder=builder)
-    return v if "mix" in v.summaries and best in v.summaries else None
-
-
-def _extend(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Target], best: str,
-            rounds: int, builder: PlanBuilder, first: VerifyResult, mix: str) -> Paired | None:
-    """More evidence for an undecided mix: ``rounds`` more interleaved rounds of the mix and
-    the best single, paired round by round and pooled with the first run's pairs (each pair
-    comes from one turn of one rotation, so pooling two runs keeps every pair clean). None
-    when either fails to run, or the first run has no round medians to pool with."""
-
-    a0, b0 = first.round_medians.get(mix, ()), first.round_medians.get(best, ())
-    if not a0 or not b0:
-        return None
-    v = _mix_run(graph, parts, targets, best, rounds, builder)
-    if v is None:
-        return None
-    return paired(v.summaries["mix"], v.summaries[best],
-                  (*a0, *v.round_medians.get("mix", ())), (*b0, *v.round_medians.get(best, ())),
-                  len(a0) + v.rounds)
-
-
-def _confirm(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Target],
-             best: str, rounds: int, builder: PlanBuilder) -> Paired | None:
-    """The mix against the best single toolchain in a second interleaved run (`Paired`, mix
-    first), or None when either fails to run in it."""
-    v = _mix_run(graph, parts, targets, best, rounds, builder)
-    return v.compare("mix", best) if v is not None else None
-
-
-@dataclass
-class PostSearch:
-    """What happened after the search: the plan to write and the figures to report."""
-
-    result: SearchResult
-    info: dict  # summary keys (plan_measured_s, best_single_target, ...)
-    measured: dict  # for the report (`report.write_report`'s ``measured``)
-    elapsed_s: float
-
-
-def post_search(opts: TuneOptions, graph: DataflowGraph, result: SearchResult,
-                est: CostEstimator, transition: TransitionModel) -> PostSearch:
-    """Refine the Dijkstra plan with measured moves, then keep it only if never worse.
-
-    The Dijkstra plan, the refined plan (when a move was kept) and every searched target's
-    whole model are numerically checked and timed interleaved in one run
-    (`collage_farm.postsearch.refine.verify`). The mix (refined, unless the Dijkstra plan beat it
-    beyond
-    noise in this run) is kept only when it beats the best single toolchain beyond noise
-    (`refine.noise_threshold`: 3% floor); otherwise the output plan is the best single
-    toolchain's whole model, and the summary says so with both figures.
-    """
-
-    t0 = time.perf_counter()
-    builder = PlanBuilder(graph, threads=1)
-    start = parts_of(result)
-    pins = opts.pins
-    if pins is not None:
-
-        pins = PinSet.of(pins)  # type: ignore[arg-type]
-    ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
-                 time_budget_s=opts.refine_time_s,
-                 config=MeasureConfig(rounds=5, min_round_s=0.02), pins=pins, builder=builder,
-                 extend_rounds=opts.verify_extend_rounds)
-    refined_result = result
-    if ref.changed:
-        refined_result = to_search_result(graph, ref.parts, result, estimate=est.estimate,
-                                          transition=transition)
-    info: dict = {"refine": ref.to_json()}
-    if not opts.verify:
-        info["verify"] = "skipped (--no-verify)"
-        return PostSearch(refined_result, info, {}, time.perf_counter() - t0)
-    simulated = sorted({p.candidate.target.id for p in refined_result.partitions
-                        if p.candidate.target.toolchain in SIMULATED})
-    if simulated:  # part of the plan runs on a device this machine only simulates
-        info["verify"] = (f"skipped: partitions on {', '.join(simulated)} are simulated "
-                          "(Vela's estimate), so the plan cannot be timed end to end here; "
-                          "`collage-farm run` reports its measured and simulated parts")
-        info["never_worse"] = "not checked: " + info["verify"]
-        return PostSearch(refined_result, info, {}, time.perf_counter() - t0)
-
-    plans = {"dijkstra": start}
-    if ref.changed:
-        plans["refined"] = list(ref.parts)
-    rounds = max(3, opts.verify_rounds)
-    v = verify(graph, plans, opts.targets, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
-               builder=builder, pins=pins)
-    med = v.median
-    mix, mix_result = "dijkstra", result
-    if "refined" in v.summaries and not ("dijkstra" in v.summaries
-                                         and v.beats("dijkstra", "refined")):
-        mix, mix_result = "refined", refined_result
-    best = v.best_single
-    info.update({
-        "singles_measured_s": {n: med(n) for n in v.singles if n in v.summaries},
-        "dijkstra_measured_s": med("dijkstra"),
-        "refined_measured_s": med("refined") if ref.changed else None,
-        "refine_gain": (med("dijkstra") / med("refined") - 1.0
-                        if ref.changed and med("refined") and med("dijkstra") else None),
-        "verify_errors": dict(v.errors),
-        "verify_rounds": rounds,
-        "singles_ineligible": dict(v.ineligible),
-    })
-    mix_s = med(mix)
-    out_result, kept, note = mix_result, "plan", ""
-    if mix_s is None and best is None:  # failures are data: keep the plan, say why
-        note = (f"UNVERIFIED: neither the plan nor any single toolchain ran here: "
-                f"{'; '.join(f'{k}: {e}' for k, e in v.errors.items())[:600]}")
-    elif mix_s is None:
-        kept = "best_single"
-        note = (f"the plan failed to run or to match the model ({v.errors.get(mix, '?')}); "
-                f"the output is the whole model on {best}")
-    elif best is None:
-        why = ("no single toolchain that the pins allow ran the whole model ("
-               + "; ".join(v.ineligible.values()) + ")" if v.ineligible
-               else "no single toolchain ran the whole model")
-        note = f"{why}; the plan is kept unverified against one"
-    else:
-        cmp = v.compare(mix, best)
-        whole = (len(mix_result.partitions) == 1
-                 and mix_result.partitions[0].candidate.target.id == best)
-        confirm_rounds = rounds
-        if _should_extend(cmp, whole, opts.verify_extend_rounds):
-            # looks faster, not beyond this run's noise: measure more before deciding (the
-            # threshold shrinks with sqrt(rounds); the mix must still win a second run)
-            more = _extend(graph, plans[mix], opts.targets, best, opts.verify_extend_rounds,
-                           builder, v, mix)
-            if more is not None:
-                info["mix_vs_best_single_first"] = cmp.to_json()
-                cmp = more
-                confirm_rounds = rounds + opts.verify_extend_rounds
-        thr = cmp.threshold
-        info["noise_threshold"] = thr
-        info["mix_vs_best_single"] = cmp.to_json()
-        wins = not whole and cmp.a_faster
-        if wins:  # one run's win can be this VM's drift: the mix must win a second run too
-            again = _confirm(graph, plans[mix], opts.targets, best, confirm_rounds, builder)
-            info["mix_vs_best_single_confirm"] = again.to_json() if again else None
-            if again is None or not again.a_faster:
-                wins = False
-                cmp = again or cmp
-        if whole or wins:
-            note = (f"the plan is the best single toolchain's ({best}) whole model" if whole
-                    else f"the plan beats the best single toolchain {best} beyond noise in two "
-                    f"interleaved runs ({mix_s * 1e3:.4f} ms vs {med(best) * 1e3:.4f} ms; "
-                    f"per-round ratio {cmp.ratio:.3f}, noise {thr:.1%})")
-        else:
-            kept = "best_single"
-            note = (f"the plan ({mix_s * 1e3:.4f} ms measured) is not faster than the best "
-                    f"single toolchain {best} ({med(best) * 1e3:.4f} ms) beyond noise "
-                    f"(per-round ratio {cmp.ratio:.3f}, noise {cmp.threshold:.1%}"
-                    f"{'' if cmp.pairs else ', unpaired'}"
-                    f"{'' if 'mix_vs_best_single_confirm' not in info else ', confirm run'}): "
-                    f"the output plan is {best}'s whole model")
-    if kept == "best_single":
-        assert best is not None
-        target = next(t for t in opts.targets if t.id == best)
-        out_result = to_search_result(graph, [Part(graph.all_mask, target)], result,
-                                      estimate=est.estimate, transition=transition,
-                                      rule="best-single")
-    out_name = mix if kept == "plan" else best
-    plan_s = med(out_name) if out_name is not None else None
-    best_s = med(best) if best else None
-    est_s = out_result.total_s
-    add_err = ((plan_s - est_s) / plan_s
-               if plan_s and est_s is not None and math.isfinite(est_s) else None)
-    d_s, d_est = med("dijkstra"), result.total_s
-    info.update({
-        "plan_measured_s": plan_s,
-        "plan_is": "best_single" if kept == "best_single" else mix,
-        "best_single_target": best,
-        "best_single_measured_s": best_s,
-        "speedup_vs_best_single": best_s / plan_s if best_s and plan_s else None,
-        "mix_measured_s": mix_s,
-        "apparent_loss": mix_s / best_s - 1.0 if mix_s and best_s else None,
-        "additive_error": add_err,
-        "dijkstra_additive_error": (d_s - d_est) / d_s if d_s and math.isfinite(d_est) else None,
-        "never_worse": note,
-    })
-    info.update(_drift_diagnostics(graph, result, v, opts.targets, est, transition))
-    measured = {
-        "plan_measured_s": plan_s, "additive_error": add_err,
-        "apparent_loss": info["apparent_loss"], "singles_s": info["singles_measured_s"],
-        "best_single": best, "never_worse": note, "plan_is": info["plan_is"],
-        "dijkstra_measured_s": d_s, "refined_measured_s": info["refined_measured_s"],
-        "refine": info["refine"], "mix_measured_s": mix_s,
-    }
-    if opts.report:
-        try:
-            ex = builder.executor(parts_of(out_result),
-                                  [p.cost.seconds for p in out_result.partitions])
-            per = ex.measure_partitions(MeasureConfig(rounds=3, min_round_s=0.01))
-            measured["partition_measured_s"] = per
-        except Exception as e:
-            log.warning("per-partition timing failed: %s", e)
-    return PostSearch(out_result, info, measured, time.perf_counter() - t0)
+def post_search_options(opts: TuneOptions) -> PostSearchOptions:
+    """What `collage_farm.postsearch.decide.post_search` needs of the campaign's options."""
+    pins = PinSet.of(opts.pins) if opts.pins is not None else None  # type: ignore[arg-type]
+    return PostSearchOptions(
+        targets=tuple(opts.targets), pins=pins,
+        verify=opts.verify, refine_trials=opts.refine_trials, refine_time_s=opts.refine_time_s,
+        verify_rounds=opts.verify_rounds, verify_extend_rounds=opts.verify_extend_rounds,
+        report=opts.report)

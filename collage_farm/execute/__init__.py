@@ -844,7 +844,7 @@ class Interleaved:
 
     Round ``i`` of every callable ran within one turn of the rotation (A B C, then B C A, ...),
     so the ratio of two callables' round-``i`` medians is free of the drift between turns:
-    `collage_farm.postsearch.refine.paired` compares plans on those ratios.
+    `collage_farm.postsearch.noise.paired` compares plans on those ratios.
     """
 
     summaries: dict[str, Summary]

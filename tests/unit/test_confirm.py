@@ -1,4 +1,4 @@
-"""The confirmation step (`collage_farm.campaign.confirm`): the winner's curse, undone.
+"""The confirmation step (`collage_farm.postsearch.confirm`): the winner's curse, undone.
 
 A campaign's first costs are noisy, and the search picks the cheapest path, so the costs on
 that path are biased low. These tests script exactly that: an estimator whose first answer for
@@ -18,13 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collage_farm import zoo
-from collage_farm.campaign import build_specs, confirm
+from collage_farm.campaign import build_specs
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.core.rules import RuleOptions, all_candidates
 from collage_farm.core.search import search
 from collage_farm.core.target import parse_targets
+from collage_farm.postsearch.confirm import confirm
 from estimators.base import CostEstimator
 from estimators.mock import MockEstimator
 

@@ -28,7 +28,7 @@ from collage_farm.core.search import PlannedPartition, SearchResult
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import parse_targets
 from collage_farm.execute import ExecutionMismatch, PlanExecutor, compare_outputs
-from collage_farm.postsearch.refine import Part
+from collage_farm.execute.builder import Part
 from runners.base import MeasureConfig
 
 pytest.importorskip("openvino")
@@ -193,7 +193,7 @@ def test_run_cli_json_reports_measured_and_additive_error(mnist: DataflowGraph,
 
 def test_executors_sharing_runtimes_keep_their_own_buffers(mnist: DataflowGraph) -> None:
     """Refinement times two plans side by side with shared sessions: no cross-talk."""
-    from collage_farm.postsearch.refine import PlanBuilder
+    from collage_farm.execute.builder import PlanBuilder
 
     b = PlanBuilder(mnist)
     a_parts = chunks(mnist, 2)

@@ -15,13 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collage_farm.postsearch.refine import (
-    NOISE_FLOOR,
-    Paired,
-    VerifyResult,
-    noise_threshold,
-    paired,
-)
+from collage_farm.postsearch.never_worse import VerifyResult
+from collage_farm.postsearch.noise import NOISE_FLOOR, Paired, noise_threshold, paired
 from runners.base import Summary
 
 rounds_st = st.lists(st.floats(0.5, 2.0), min_size=3, max_size=12)

@@ -18,18 +18,16 @@ from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.core.search import SearchResult
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import parse_targets
-from collage_farm.postsearch.refine import (
-    NOISE_FLOOR,
-    Part,
-    PlanBuilder,
-    noise_threshold,
+from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.postsearch.moves import (
     order_parts,
     propose_moves,
-    refine,
     to_search_result,
-    verify,
     why_invalid,
 )
+from collage_farm.postsearch.never_worse import verify
+from collage_farm.postsearch.noise import NOISE_FLOOR, noise_threshold
+from collage_farm.postsearch.refine import refine
 from runners.base import MeasureConfig, Summary
 
 pytest.importorskip("openvino")
@@ -217,7 +215,7 @@ def test_a_move_is_kept_only_when_a_second_run_confirms_it(
     monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
     start = alternating(mnist)
     b = PlanBuilder(mnist)
-    # the first run says 20% faster, the confirmation run says equal: rejected
+    # the first run says 20% faster, the second run says equal: rejected
     script[:] = [{"current": summary(1.0), "candidate": summary(0.8)},
                  {"current": summary(1.0), "candidate": summary(1.0)}]
     r = refine(mnist, start, [ORT, OV], trials=1, time_budget_s=60, config=FAST, builder=b)
@@ -233,7 +231,7 @@ def test_a_move_is_kept_only_when_a_second_run_confirms_it(
 def test_an_undecided_move_gets_more_rounds_before_it_is_decided(
         mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
     """A move 15% faster inside a 3-round run's noise: with extend_rounds its pooled pairs
-    decide it (and a confirmation run as long must agree); without, it is rejected."""
+    decide it (and a second run as long must agree); without, it is rejected."""
     import collage_farm.execute as executor
 
     def summary(ms: float) -> Summary:
@@ -263,7 +261,7 @@ def test_an_undecided_move_gets_more_rounds_before_it_is_decided(
     calls.clear()
     r = refine(mnist, start, [ORT, OV], trials=1, time_budget_s=60, config=FAST, builder=b,
                extend_rounds=15)
-    assert calls == [3, 15, 18]  # first run, extension, confirmation as long as both
+    assert calls == [3, 15, 18]  # first run, extension, second run as long as both
     assert [t.status for t in r.trials] == ["accepted"] and r.changed
     assert r.trials[0].ratio < 1 - r.trials[0].threshold and r.trials[0].pairs == 18
 
@@ -273,11 +271,11 @@ def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
     """`post_search` on a plan that honours ``pins``, with the interleaved timings scripted
     (``ms`` per entry; the numerical checks and builds are real)."""
     from collage_farm import execute as executor
-    from collage_farm.campaign import TuneOptions, post_search
     from collage_farm.core.candidate import CandidatePartition
     from collage_farm.core.cost import Cost
     from collage_farm.core.search import PlannedPartition
     from collage_farm.core.transition import AnalyticTransitionModel
+    from collage_farm.postsearch.decide import PostSearchOptions, post_search
     from estimators.mock import MockEstimator
 
     def scripted(fns, config):
@@ -293,9 +291,9 @@ def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
     result = SearchResult(tuple(PlannedPartition(CandidatePartition(SubGraph(mnist, p.mask),
                                                                     p.target), Cost(2e-6), 1e-6)
                                 for p in plan), 3e-6 * len(plan), 1, 1, 1, 1, 0.1)
-    opts = TuneOptions(model="zoo:mnist", targets=(ORT, OV), out=None,  # type: ignore[arg-type]
-                       pins=pins, refine_trials=0, verify_rounds=3, verify_extend_rounds=0,
-                       report=False)
+    opts = PostSearchOptions(targets=(ORT, OV), pins=pins, verify=True,  # type: ignore[arg-type]
+                             refine_trials=0, refine_time_s=120.0, verify_rounds=3,
+                             verify_extend_rounds=0, report=False)
     return post_search(opts, mnist, result, MockEstimator(), AnalyticTransitionModel())
 
 
@@ -304,7 +302,7 @@ def test_never_worse_falls_back_only_to_a_single_toolchain_the_pins_allow(
     """The user pinned MaxPool to OpenVINO; ORT's whole model is the fastest, the mix loses:
     the written plan must be OpenVINO's whole model, not ORT's (which breaks the pin)."""
     from collage_farm.core.pins import Pin, PinSet
-    from collage_farm.postsearch.refine import parts_of
+    from collage_farm.postsearch.moves import parts_of
 
     pins = PinSet((Pin(op="MaxPool", target="openvino-cpu"),))
     out = _pinned_post_search(mnist, monkeypatch,
@@ -324,7 +322,7 @@ def test_never_worse_falls_back_only_to_a_single_toolchain_the_pins_allow(
 def test_never_worse_keeps_the_plan_when_pins_allow_no_single_toolchain(
         mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
     from collage_farm.core.pins import Pin, PinSet
-    from collage_farm.postsearch.refine import parts_of
+    from collage_farm.postsearch.moves import parts_of
 
     pins = PinSet((Pin(op="MaxPool", target="openvino-cpu"), Pin(op="Conv", target="ort-cpu")))
     out = _pinned_post_search(mnist, monkeypatch,

@@ -102,7 +102,7 @@ def test_measured_report_of_a_mixed_plan_renders(tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     from collage_farm import zoo
     from collage_farm.core.graph import load_graph
-    from collage_farm.postsearch.refine import Part
+    from collage_farm.execute.builder import Part
     from tests.unit.test_executor import ORT, OV, write_parts
 
     g = load_graph(zoo.build("mnist"), name="mnist")

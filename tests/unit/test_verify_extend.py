@@ -15,9 +15,9 @@ import math
 import numpy as np
 import pytest
 
-import collage_farm.postsearch.refine as refine_mod
-from collage_farm.campaign import _extend, _should_extend
-from collage_farm.postsearch.refine import Paired, VerifyResult, paired
+import collage_farm.postsearch.never_worse as never_worse
+from collage_farm.postsearch.never_worse import VerifyResult, extend, should_extend
+from collage_farm.postsearch.noise import Paired, paired
 from runners.base import Summary
 
 
@@ -37,12 +37,12 @@ def _rounds(ratio: float, sd: float, n: int, seed: int) -> tuple[list[float], li
 
 
 def test_only_an_undecided_promising_mix_is_extended() -> None:
-    assert _should_extend(Paired(0.86, 0.21, 7), whole=False, extend_rounds=14)
-    assert not _should_extend(Paired(0.86, 0.21, 7), whole=False, extend_rounds=0)
-    assert not _should_extend(Paired(0.86, 0.21, 7), whole=True, extend_rounds=14)
-    assert not _should_extend(Paired(0.75, 0.21, 7), whole=False, extend_rounds=14)  # decided
-    assert not _should_extend(Paired(0.99, 0.21, 7), whole=False, extend_rounds=14)  # no gain
-    assert not _should_extend(Paired(0.86, 0.21, 0), whole=False, extend_rounds=14)  # unpaired
+    assert should_extend(Paired(0.86, 0.21, 7), whole=False, extend_rounds=14)
+    assert not should_extend(Paired(0.86, 0.21, 7), whole=False, extend_rounds=0)
+    assert not should_extend(Paired(0.86, 0.21, 7), whole=True, extend_rounds=14)
+    assert not should_extend(Paired(0.75, 0.21, 7), whole=False, extend_rounds=14)  # decided
+    assert not should_extend(Paired(0.99, 0.21, 7), whole=False, extend_rounds=14)  # no gain
+    assert not should_extend(Paired(0.86, 0.21, 0), whole=False, extend_rounds=14)  # unpaired
 
 
 def test_pooled_rounds_decide_what_seven_could_not(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,12 +61,12 @@ def test_pooled_rounds_decide_what_seven_could_not(monkeypatch: pytest.MonkeyPat
                             config.rounds, round_medians={"mix": tuple(mix2),
                                                           "t-best": tuple(best2)})
 
-    monkeypatch.setattr(refine_mod, "verify", scripted_verify)
+    monkeypatch.setattr(never_worse, "verify", scripted_verify)
 
     class T:
         id = "t-best"
 
-    more = _extend(None, [], [T()], "t-best", 14, None, first, "dijkstra")  # type: ignore[arg-type]
+    more = extend(None, [], [T()], "t-best", 14, None, first, "dijkstra")  # type: ignore[arg-type]
     assert calls == [({"mix"}, ["t-best"], 14)]
     assert more is not None and more.pairs == 21
     assert more == paired(_summary(0.86), _summary(1.0), mix1 + mix2, best1 + best2, 21)
@@ -75,5 +75,5 @@ def test_pooled_rounds_decide_what_seven_could_not(monkeypatch: pytest.MonkeyPat
 
 def test_no_round_medians_no_extension(monkeypatch: pytest.MonkeyPatch) -> None:
     first = VerifyResult({"dijkstra": _summary(0.9), "t-best": _summary(1.0)}, {}, ("t-best",), 7)
-    monkeypatch.setattr(refine_mod, "verify", lambda *a, **k: pytest.fail("must not measure"))
-    assert _extend(None, [], [], "t-best", 14, None, first, "dijkstra") is None  # type: ignore[arg-type]
+    monkeypatch.setattr(never_worse, "verify", lambda *a, **k: pytest.fail("must not measure"))
+    assert extend(None, [], [], "t-best", 14, None, first, "dijkstra") is None  # type: ignore[arg-type]

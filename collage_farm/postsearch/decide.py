@@ -1,0 +1,327 @@
+"""After the search of a measured campaign: refine the plan, then keep it only if never worse.
+
+`post_search` refines the Dijkstra plan with measured local moves
+(`collage_farm.postsearch.refine`), then times the Dijkstra plan, the refined plan and every
+searched target's whole model in one interleaved run (`collage_farm.postsearch.never_worse`).
+The mix is written only if it beats the best single toolchain beyond noise
+(`collage_farm.postsearch.noise`), else that toolchain's whole model is (never worse). The
+campaign passes what these steps need of its options as a `PostSearchOptions`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.pins import PinSet
+from collage_farm.core.search import SearchResult
+from collage_farm.core.target import Target
+from collage_farm.core.transition import TransitionModel
+from collage_farm.execute import SIMULATED_TOOLCHAINS
+from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.postsearch import never_worse
+from collage_farm.postsearch.moves import parts_of, to_search_result
+from collage_farm.postsearch.never_worse import VerifyResult
+from collage_farm.postsearch.refine import refine
+from estimators.base import CostEstimator
+from runners.base import MeasureConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PostSearch", "PostSearchOptions", "post_search"]
+
+
+@dataclass(frozen=True)
+class PostSearchOptions:
+    """What the steps after the search need of a campaign's options."""
+
+    targets: tuple[Target, ...]  # the searched targets (their whole models are the singles)
+    pins: PinSet | None  # the user's pins: every move and the fallback must honour them
+    verify: bool  # never worse: the plan against each single toolchain, end to end
+    refine_trials: int  # measured local moves; 0 disables
+    refine_time_s: float  # no new refinement trial starts after this
+    verify_rounds: int  # interleaved rounds of the never-worse run (at least 3)
+    # a mix that looks faster (ratio < 1 - 3%) but not beyond noise gets this many more
+    # interleaved rounds against the best single before the decision; 0 disables
+    verify_extend_rounds: int
+    report: bool  # time each partition of the written plan for the report
+
+
+@dataclass(frozen=True)
+class PostSearch:
+    """What happened after the search: the plan to write and the figures to report."""
+
+    result: SearchResult
+    info: dict  # summary keys (plan_measured_s, best_single_target, ...)
+    measured: dict  # for the report (`report.write_report`'s ``measured``)
+    elapsed_s: float
+
+
+class Kept(enum.Enum):
+    """Which plan the never-worse check keeps."""
+
+    PLAN = "plan"  # the mix (Dijkstra or refined)
+    BEST_SINGLE = "best_single"  # the best single toolchain's whole model
+
+
+def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchResult,
+                est: CostEstimator, transition: TransitionModel) -> PostSearch:
+    """Refine the Dijkstra plan with measured moves, then keep it only if never worse.
+
+    The Dijkstra plan, the refined plan (when a move was kept) and every searched target's
+    whole model are numerically checked and timed interleaved in one run
+    (`collage_farm.postsearch.never_worse.verify`). The mix (refined, unless the Dijkstra plan
+    beat it beyond noise in this run) is kept only when it beats the best single toolchain
+    beyond noise (`collage_farm.postsearch.noise`: 3% floor); otherwise the output plan is the
+    best single toolchain's whole model, and the summary says so with both figures.
+    """
+    t0 = time.perf_counter()
+    builder = PlanBuilder(graph, threads=1)
+    start = parts_of(result)
+    ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
+                 time_budget_s=opts.refine_time_s,
+                 config=MeasureConfig(rounds=5, min_round_s=0.02), pins=opts.pins,
+                 builder=builder, extend_rounds=opts.verify_extend_rounds)
+    refined_result = result
+    if ref.changed:
+        refined_result = to_search_result(graph, ref.parts, result, estimate=est.estimate,
+                                          transition=transition)
+    info: dict = {"refine": ref.to_json()}
+    skipped = _not_verified(opts, refined_result)
+    if skipped:
+        info.update(skipped)
+        return PostSearch(refined_result, info, {}, time.perf_counter() - t0)
+
+    plans = {"dijkstra": start}
+    if ref.changed:
+        plans["refined"] = list(ref.parts)
+    rounds = max(3, opts.verify_rounds)
+    v = never_worse.verify(graph, plans, opts.targets,
+                           config=MeasureConfig(rounds=rounds, min_round_s=0.05),
+                           builder=builder, pins=opts.pins)
+    med = v.median
+    mix, mix_result = "dijkstra", result
+    if "refined" in v.summaries and not ("dijkstra" in v.summaries
+                                         and v.beats("dijkstra", "refined")):
+        mix, mix_result = "refined", refined_result
+    info.update({
+        "singles_measured_s": {n: med(n) for n in v.singles if n in v.summaries},
+        "dijkstra_measured_s": med("dijkstra"),
+        "refined_measured_s": med("refined") if ref.changed else None,
+        "refine_gain": (med("dijkstra") / med("refined") - 1.0
+                        if ref.changed and med("refined") and med("dijkstra") else None),
+        "verify_errors": dict(v.errors),
+        "verify_rounds": rounds,
+        "singles_ineligible": dict(v.ineligible),
+    })
+    kept, note = _keep(opts, graph, v, mix, mix_result, plans[mix], builder, rounds, info)
+    best = v.best_single
+    out_result = mix_result
+    if kept is Kept.BEST_SINGLE:
+        assert best is not None
+        target = next(t for t in opts.targets if t.id == best)
+        out_result = to_search_result(graph, [Part(graph.all_mask, target)], result,
+                                      estimate=est.estimate, transition=transition,
+                                      rule="best-single")
+    info.update(_plan_figures(v, result, out_result, mix, kept, note))
+    info.update(_drift_diagnostics(graph, result, v, opts.targets, est, transition))
+    measured = _for_report(info, builder, out_result, opts.report)
+    return PostSearch(out_result, info, measured, time.perf_counter() - t0)
+
+
+def _not_verified(opts: PostSearchOptions, plan: SearchResult) -> dict:
+    """The summary keys that say why the plan is not checked end to end; empty when it is."""
+    if not opts.verify:
+        return {"verify": "skipped (--no-verify)"}
+    simulated = sorted({p.candidate.target.id for p in plan.partitions
+                        if p.candidate.target.toolchain in SIMULATED_TOOLCHAINS})
+    if not simulated:
+        return {}
+    # part of the plan runs on a device this machine only simulates
+    why = (f"skipped: partitions on {', '.join(simulated)} are simulated "
+           "(Vela's estimate), so the plan cannot be timed end to end here; "
+           "`collage-farm run` reports its measured and simulated parts")
+    return {"verify": why, "never_worse": "not checked: " + why}
+
+
+def _keep(opts: PostSearchOptions, graph: DataflowGraph, v: VerifyResult, mix: str,
+                 mix_result: SearchResult, mix_parts: Sequence[Part], builder: PlanBuilder,
+                 rounds: int, info: dict) -> tuple[Kept, str]:
+    """Which plan to keep and the sentence that says why; the comparisons go into ``info``.
+
+    Failures are data: a plan that did not run gives way to the best single toolchain, and
+    with no single toolchain to compare against (none ran, or the pins allow none) the plan
+    is kept and the sentence says it is unverified against one.
+    """
+    best = v.best_single
+    if v.median(mix) is None and best is None:
+        return Kept.PLAN, (f"UNVERIFIED: neither the plan nor any single toolchain ran here: "
+                           f"{'; '.join(f'{k}: {e}' for k, e in v.errors.items())[:600]}")
+    if v.median(mix) is None:
+        assert best is not None
+        return Kept.BEST_SINGLE, (f"the plan failed to run or to match the model "
+                                  f"({v.errors.get(mix, '?')}); the output is the whole model "
+                                  f"on {best}")
+    if best is None:
+        why = ("no single toolchain that the pins allow ran the whole model ("
+               + "; ".join(v.ineligible.values()) + ")" if v.ineligible
+               else "no single toolchain ran the whole model")
+        return Kept.PLAN, f"{why}; the plan is kept unverified against one"
+    whole = (len(mix_result.partitions) == 1
+             and mix_result.partitions[0].candidate.target.id == best)
+    return _against_best(opts, graph, v, mix, mix_parts, best, whole, builder, rounds, info)
+
+
+def _against_best(opts: PostSearchOptions, graph: DataflowGraph, v: VerifyResult, mix: str,
+                  mix_parts: Sequence[Part], best: str, whole: bool, builder: PlanBuilder,
+                  rounds: int, info: dict) -> tuple[Kept, str]:
+    """The mix against the best single toolchain: extended where undecided, and a win must
+    hold in a second interleaved run."""
+    cmp = v.compare(mix, best)
+    second_rounds = rounds
+    if never_worse.should_extend(cmp, whole, opts.verify_extend_rounds):
+        # looks faster, not beyond this run's noise: measure more before deciding (the
+        # threshold shrinks with sqrt(rounds); the mix must still win a second run)
+        more = never_worse.extend(graph, mix_parts, opts.targets, best,
+                                  opts.verify_extend_rounds, builder, v, mix)
+        if more is not None:
+            info["mix_vs_best_single_first"] = cmp.to_json()
+            cmp = more
+            second_rounds = rounds + opts.verify_extend_rounds
+    thr = cmp.threshold
+    info["noise_threshold"] = thr
+    info["mix_vs_best_single"] = cmp.to_json()
+    wins = not whole and cmp.a_faster
+    if wins:  # one run's win can be this VM's drift: the mix must win a second run too
+        again = never_worse.second_run(graph, mix_parts, opts.targets, best, second_rounds,
+                                       builder)
+        info["mix_vs_best_single_confirm"] = again.to_json() if again else None
+        if again is None or not again.a_faster:
+            wins = False
+            cmp = again or cmp
+    mix_s, best_s = v.median(mix), v.median(best)
+    assert mix_s is not None and best_s is not None
+    if whole:
+        return Kept.PLAN, f"the plan is the best single toolchain's ({best}) whole model"
+    if wins:
+        return Kept.PLAN, (f"the plan beats the best single toolchain {best} beyond noise in "
+                           f"two interleaved runs ({mix_s * 1e3:.4f} ms vs "
+                           f"{best_s * 1e3:.4f} ms; per-round ratio {cmp.ratio:.3f}, noise "
+                           f"{thr:.1%})")
+    return Kept.BEST_SINGLE, (
+        f"the plan ({mix_s * 1e3:.4f} ms measured) is not faster than the best "
+        f"single toolchain {best} ({best_s * 1e3:.4f} ms) beyond noise "
+        f"(per-round ratio {cmp.ratio:.3f}, noise {cmp.threshold:.1%}"
+        f"{'' if cmp.pairs else ', unpaired'}"
+        f"{'' if 'mix_vs_best_single_confirm' not in info else ', second run'}): "
+        f"the output plan is {best}'s whole model")
+
+
+def _plan_figures(v: VerifyResult, dijkstra: SearchResult, out_result: SearchResult, mix: str,
+                  kept: Kept, note: str) -> dict:
+    """The summary's figures of the written plan against the search's estimate and the best
+    single toolchain."""
+    med = v.median
+    best = v.best_single
+    out_name = mix if kept is Kept.PLAN else best
+    plan_s = med(out_name) if out_name is not None else None
+    best_s = med(best) if best else None
+    mix_s = med(mix)
+    est_s = out_result.total_s
+    add_err = ((plan_s - est_s) / plan_s
+               if plan_s and est_s is not None and math.isfinite(est_s) else None)
+    d_s, d_est = med("dijkstra"), dijkstra.total_s
+    return {
+        "plan_measured_s": plan_s,
+        "plan_is": "best_single" if kept is Kept.BEST_SINGLE else mix,
+        "best_single_target": best,
+        "best_single_measured_s": best_s,
+        "speedup_vs_best_single": best_s / plan_s if best_s and plan_s else None,
+        "mix_measured_s": mix_s,
+        "apparent_loss": mix_s / best_s - 1.0 if mix_s and best_s else None,
+        "additive_error": add_err,
+        "dijkstra_additive_error": (d_s - d_est) / d_s if d_s and math.isfinite(d_est) else None,
+        "never_worse": note,
+    }
+
+
+def _for_report(info: dict, builder: PlanBuilder, out_result: SearchResult,
+                per_partition: bool) -> dict:
+    """The figures `collage_farm.report.write_report` draws (its ``measured``), with each
+    partition of the written plan timed when ``per_partition``."""
+    measured = {
+        "plan_measured_s": info["plan_measured_s"], "additive_error": info["additive_error"],
+        "apparent_loss": info["apparent_loss"], "singles_s": info["singles_measured_s"],
+        "best_single": info["best_single_target"], "never_worse": info["never_worse"],
+        "plan_is": info["plan_is"], "dijkstra_measured_s": info["dijkstra_measured_s"],
+        "refined_measured_s": info["refined_measured_s"], "refine": info["refine"],
+        "mix_measured_s": info["mix_measured_s"],
+    }
+    if per_partition:
+        try:
+            ex = builder.executor(parts_of(out_result),
+                                  [p.cost.seconds for p in out_result.partitions])
+            per = ex.measure_partitions(MeasureConfig(rounds=3, min_round_s=0.01))
+            measured["partition_measured_s"] = per
+        except Exception as e:
+            log.warning("per-partition timing failed: %s", e)
+    return measured
+
+
+def _drift_diagnostics(graph: DataflowGraph, dijkstra: SearchResult, v: VerifyResult,
+                       targets: Sequence[Target], est: CostEstimator,
+                       transition: TransitionModel) -> dict:
+    """What the search believed against what ran, split into drift and additivity.
+
+    * ``singles_estimated_s``: each target's whole model as the search's estimator prices it
+      (cost table or farm, the same path as every candidate; a missing row is measured now).
+    * ``estimated_gain_vs_best_single``: the best of those the pins allow over the Dijkstra
+      estimate, i.e. how much faster than one toolchain the search *believed* its mix to be.
+      A mix cannot be expected to win by more end to end.
+    * ``calibration``: measured / estimated per target, from the whole models of the verify
+      run. It is the drift between the campaign and the verify run plus any runner-vs-executor
+      offset, both of which scale every partition on that target alike.
+    * ``dijkstra_calibrated_additive_error``: the Dijkstra plan's measured latency against its
+      estimate with each partition scaled by its target's calibration: what is left is the
+      non-additivity of the plan (cuts, cache interplay), which is what the search's ranking
+      depends on.
+    """
+    out: dict = {}
+    est_s: dict[str, float] = {}
+    for t in targets:
+        if t.id not in v.singles:
+            continue
+        try:
+            r = to_search_result(graph, [Part(graph.all_mask, t)], dijkstra,
+                                 estimate=est.estimate, transition=transition, rule="single")
+        except Exception as e:  # a diagnostic: never costs the plan
+            log.warning("whole-model estimate on %s failed: %s", t.id, e)
+            continue
+        if math.isfinite(r.total_s) and r.total_s > 0:
+            est_s[t.id] = r.total_s
+    out["singles_estimated_s"] = est_s
+    d_est = dijkstra.total_s
+    ok = math.isfinite(d_est) and d_est > 0
+    allowed = [e for tid, e in est_s.items() if tid not in v.ineligible]  # what pins allow
+    out["estimated_gain_vs_best_single"] = (min(allowed) / d_est if allowed and ok else None)
+    cal = {}
+    for tid, e in est_s.items():
+        m = v.median(tid)
+        if m:
+            cal[tid] = m / e
+    out["calibration"] = cal
+    d_s = v.median("dijkstra")
+    parts = dijkstra.partitions
+    if d_s and ok and parts and all(p.candidate.target.id in cal for p in parts):
+        scaled = sum((p.cost.seconds + p.penalty_s) * cal[p.candidate.target.id] for p in parts)
+        out["dijkstra_calibrated_additive_error"] = (d_s - scaled) / d_s
+    else:
+        out["dijkstra_calibrated_additive_error"] = None
+    return out
+
+
