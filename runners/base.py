@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from collage_farm.core.plan import PlanError
 from collage_farm.core.target import Target
 
 if TYPE_CHECKING:
@@ -41,6 +40,11 @@ class Status(str, enum.Enum):
     RUNTIME_ERROR = "runtime_error"  # it compiled but failed to run
     TIMEOUT = "timeout"  # killed at MeasureConfig.timeout_s
     CRASHED = "crashed"  # the worker process died (segfault, OOM kill, ...)
+
+
+class RuntimeUnavailable(RuntimeError):
+    """A plan partition that cannot run here on its toolchain (`Toolchain.runtime`): the
+    toolchain is unavailable, has no runtime, or cannot build the partition."""
 
 
 class Kind(str, enum.Enum):
@@ -397,13 +401,13 @@ class Toolchain(abc.ABC):
         """A plan partition compiled for this toolchain, ready to run and bind in the plan
         executor (`runners.runtime`); it runs in the executor's process, not a worker.
 
-        Raises `PlanError` when the partition cannot run here (toolchain unavailable, build
-        failed); the toolchain's own exception when its file does not load. The default says
+        Raises `RuntimeUnavailable` when the partition cannot run here (toolchain unavailable,
+        build failed); the toolchain's own exception when its file does not load. The default says
         the toolchain runs no plan partitions (the ``null`` test toolchain); ONNX Runtime,
         OpenVINO, LiteRT and Vela override it.
         """
-        raise PlanError(f"partition {inp.id}: toolchain {self.name} cannot run plan partitions "
-                        "(it has no runtime)")
+        raise RuntimeUnavailable(f"partition {inp.id}: toolchain {self.name} cannot run plan "
+                                 "partitions (it has no runtime)")
 
 
 class Runner(abc.ABC):

@@ -65,9 +65,14 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collage_farm.core.plan import PlanError
 from collage_farm.core.target import CUDA0, VirtualDevice
-from runners.base import BuildResult, Capabilities, DeviceDescription, MeasureConfig
+from runners.base import (
+    BuildResult,
+    Capabilities,
+    DeviceDescription,
+    MeasureConfig,
+    RuntimeUnavailable,
+)
 from runners.kernels import ORT_CPU_KERNELS, OnnxOpTableCapabilities
 from runners.onnx_base import Prepared, option_bool
 from runners.ort import OrtCpuToolchain, ort_runtime, ort_session
@@ -377,7 +382,7 @@ class OrtCudaToolchain(OrtCpuToolchain):
         a session in which the EP is not active is an error (`_compile`), not a CPU run."""
         why = self.available()
         if why:
-            raise PlanError(f"toolchain {self.name} cannot run here: {why}")
+            raise RuntimeUnavailable(f"toolchain {self.name} cannot run here: {why}")
         return super().runtime(inp)
 
     def _cuda_options(self, target: Target) -> dict[str, Any]:

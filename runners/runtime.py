@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from collage_farm.core.plan import PlanError
 from collage_farm.core.target import CPU0, Target, VirtualDevice
-from runners.base import BuildInput, Kind, Toolchain
+from runners.base import BuildInput, Kind, RuntimeUnavailable, Toolchain
 
 __all__ = ["SIMULATED_TOOLCHAINS", "PartitionRuntime", "RuntimeInput", "generic_runtime"]
 
@@ -104,18 +103,19 @@ def generic_runtime(tc: Toolchain, inp: RuntimeInput) -> PartitionRuntime:
 
     The partition is built once (`Toolchain.build` on the ONNX bytes, target on the CPU);
     every run, bound or not, is one ``run_outputs`` call whose outputs are copied into the
-    bound buffers. Raises `PlanError` when the toolchain cannot run here or cannot build it.
+    bound buffers. Raises `RuntimeUnavailable` when the toolchain cannot run here or cannot
+    build the partition.
     """
     why = tc.available()
     if why:
-        raise PlanError(f"partition {inp.id}: toolchain {tc.name} cannot run here: {why}")
+        raise RuntimeUnavailable(f"partition {inp.id}: toolchain {tc.name} cannot run here: {why}")
     run_outputs = getattr(tc, "run_outputs", None)
     if run_outputs is None:
-        raise PlanError(f"partition {inp.id}: toolchain {tc.name} has no run_outputs()")
+        raise RuntimeUnavailable(f"partition {inp.id}: toolchain {tc.name} has no run_outputs()")
     t = inp.target_on(tc.name, CPU0)
     build = tc.build(BuildInput(f"exec-{inp.id}", t, inp.onnx_bytes, label=inp.id))
     if not build.ok:
-        raise PlanError(f"partition {inp.id}: {tc.name} build failed: {build.error}")
+        raise RuntimeUnavailable(f"partition {inp.id}: {tc.name} build failed: {build.error}")
     inputs, outputs, threads = inp.inputs, inp.outputs, inp.threads
 
     def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -46,7 +46,7 @@ from collage_farm.execute.numerics import (
     reference_model,
     reference_outputs,
 )
-from runners.base import Kind, MeasureConfig, Summary
+from runners.base import Kind, MeasureConfig, RuntimeUnavailable, Summary
 from runners.measure import time_callable
 from runners.registry import get_toolchain
 from runners.runtime import PartitionRuntime, RuntimeInput
@@ -63,7 +63,10 @@ def make_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs: Seq
     threads = int(opts.get("threads", threads) or threads)
     inp = RuntimeInput(pid, target, data, tuple(inputs), tuple(outputs), est,
                        tuple(sorted(opts.items())), threads)
-    return get_toolchain(toolchain).runtime(inp)
+    try:
+        return get_toolchain(toolchain).runtime(inp)
+    except RuntimeUnavailable as e:
+        raise PlanError(str(e)) from None
 
 
 def _target_options(plan: Plan, target_id: str) -> dict[str, Any]:
