@@ -28,6 +28,7 @@ from collage_farm.core.target import Target
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
+    from runners.runtime import PartitionRuntime, RuntimeInput
 
 
 class Status(str, enum.Enum):
@@ -39,6 +40,11 @@ class Status(str, enum.Enum):
     RUNTIME_ERROR = "runtime_error"  # it compiled but failed to run
     TIMEOUT = "timeout"  # killed at MeasureConfig.timeout_s
     CRASHED = "crashed"  # the worker process died (segfault, OOM kill, ...)
+
+
+class RuntimeUnavailable(RuntimeError):
+    """A plan partition that cannot run here on its toolchain (`Toolchain.runtime`): the
+    toolchain is unavailable, has no runtime, or cannot build the partition."""
 
 
 class Kind(str, enum.Enum):
@@ -356,6 +362,7 @@ class Toolchain(abc.ABC):
       `Status.UNSUPPORTED` or `Status.BUILD_FAILED` and the error text.
     * `measure` returns samples in seconds following `MeasureConfig`, timing only the
       toolchain's execution (inputs bound once, outputs not copied per run where possible).
+    * `runtime` (optional) runs a plan's partition in the executor's process.
     * Importing the module that defines a toolchain must not import its heavy packages;
       `available()` imports them and says whether the toolchain can run here.
     """
@@ -389,6 +396,18 @@ class Toolchain(abc.ABC):
 
     def device_description(self, target: Target) -> DeviceDescription:
         return DeviceDescription.host_cpu()
+
+    def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
+        """A plan partition compiled for this toolchain, ready to run and bind in the plan
+        executor (`runners.runtime`); it runs in the executor's process, not a worker.
+
+        Raises `RuntimeUnavailable` when the partition cannot run here (toolchain unavailable,
+        build failed); the toolchain's own exception when its file does not load. The default says
+        the toolchain runs no plan partitions (the ``null`` test toolchain); ONNX Runtime,
+        OpenVINO, LiteRT and Vela override it.
+        """
+        raise RuntimeUnavailable(f"partition {inp.id}: toolchain {self.name} cannot run plan "
+                                 "partitions (it has no runtime)")
 
 
 class Runner(abc.ABC):

@@ -65,14 +65,18 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runners.base import BuildResult, Capabilities, DeviceDescription, MeasureConfig
-from runners.cpu import (
-    ORT_CPU_KERNELS,
-    OnnxOpTableCapabilities,
-    OrtCpuToolchain,
-    Prepared,
-    option_bool,
+from collage_farm.core.target import CUDA0, VirtualDevice
+from runners.base import (
+    BuildResult,
+    Capabilities,
+    DeviceDescription,
+    MeasureConfig,
+    RuntimeUnavailable,
 )
+from runners.kernels import ORT_CPU_KERNELS, OnnxOpTableCapabilities
+from runners.onnx_base import Prepared, option_bool
+from runners.ort import OrtCpuToolchain, ort_runtime, ort_session
+from runners.runtime import PartitionRuntime, RuntimeInput
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,7 +84,8 @@ if TYPE_CHECKING:
     from collage_farm.core.target import Target
 
 __all__ = ["DeviceL2Flusher", "OrtCudaToolchain", "OrtTensorRTToolchain", "cuda_devices",
-           "load_tensorrt", "preload_cuda", "provider_needs", "trt_cache_dir"]
+           "load_tensorrt", "multi_ep_runtime", "preload_cuda", "provider_needs",
+           "trt_cache_dir"]
 
 _INSTALL_HINT = "pip uninstall -y onnxruntime && pip install -e .[cuda]"
 _preloaded: dict[str, str | None] = {}
@@ -369,6 +374,17 @@ class OrtCudaToolchain(OrtCpuToolchain):
         """The arithmetic this target runs fp32 graphs with (the plan check's tolerance)."""
         return "tf32" if option_bool(target, "tf32", True) else "fp32"
 
+    def runtime_device(self) -> VirtualDevice:
+        return CUDA0
+
+    def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
+        """As the CPU EP's (same session builder), once `available` says the EP can run here;
+        a session in which the EP is not active is an error (`_compile`), not a CPU run."""
+        why = self.available()
+        if why:
+            raise RuntimeUnavailable(f"toolchain {self.name} cannot run here: {why}")
+        return super().runtime(inp)
+
     def _cuda_options(self, target: Target) -> dict[str, Any]:
         return {"device_id": self.device_id,
                 "cudnn_conv_algo_search": str(target.option("cudnn_conv_algo_search",
@@ -449,3 +465,31 @@ class OrtTensorRTToolchain(OrtCudaToolchain):
         return [("TensorrtExecutionProvider", trt),
                 ("CUDAExecutionProvider", self._cuda_options(target)),
                 "CPUExecutionProvider"]
+
+
+def multi_ep_runtime(data: bytes, inputs: tuple[str, ...], outputs: tuple[str, ...],
+                     threads: int = 1) -> tuple[PartitionRuntime | None, str]:
+    """A whole model in ONNX Runtime's own assignment over [TensorRT, CUDA, CPU]:
+    (runtime, the session's active providers) or (None, why it does not apply here)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        return None, f"onnxruntime missing ({e})"
+    have = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in have:
+        return None, ("does not apply: this onnxruntime has only "
+                      f"{', '.join(have)}; ORT's multi-EP assignment needs the CUDA/TensorRT EPs")
+    devs = cuda_devices()
+    if isinstance(devs, str):
+        return None, f"does not apply: {devs}"
+    preload_cuda()
+    # TensorRT only where its libraries load: else ORT prints an EP error and retries without it
+    providers = [p for p in ("TensorrtExecutionProvider", "CUDAExecutionProvider") if p in have
+                 and (p != "TensorrtExecutionProvider" or load_tensorrt() is None)]
+    sess = ort_session(data, [*providers, "CPUExecutionProvider"], threads)
+    inp = RuntimeInput("ort-multi-ep", "ort-multi-ep", data, inputs, outputs, threads=threads)
+    rt = ort_runtime(sess, inp, "ort-multi-ep", "ort " + ",".join(providers),
+                     precision="tf32",  # ORT's CUDA EP default (use_tf32=1)
+                     sync_outputs=True)
+    return rt, f"providers {sess.get_providers()}"
+

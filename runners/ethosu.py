@@ -92,6 +92,8 @@ from runners.base import (
     Status,
     Toolchain,
 )
+from runners.runtime import PartitionRuntime, RuntimeInput
+from runners.runtime_sim import simulated_runtime
 from runners.vela_facts import VELA_DEFAULTS, vela_ini_path
 
 if TYPE_CHECKING:
@@ -724,3 +726,7 @@ class VelaToolchain(Toolchain):
             samples=(seconds,), summary=summarize((seconds,)), measure_s=time.perf_counter() - t0,
             details=tuple(sorted(details.items())), **common,
         )
+
+    def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
+        """A plan partition: simulated latency, int8 numerics (`runners.runtime_sim`)."""
+        return simulated_runtime(inp, self.name)

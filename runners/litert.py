@@ -31,7 +31,7 @@ boundary transposes. **Measure** writes the (transposed) inputs into the interpr
 times only ``invoke()``, with the loop and `MeasureConfig` every CPU toolchain uses, so the cost
 is comparable with ONNX Runtime's ``run_with_iobinding`` and OpenVINO's ``infer()``. A plan
 also pays the layout boundary: `run_outputs` (what the partitioned executor calls,
-`collage_farm.execute._generic_runtime`, once per partition per run, inside the timed
+`runners.runtime.generic_runtime`, once per partition per run, inside the timed
 end-to-end region) transposes NCHW inputs into the NHWC input buffers, invokes, and transposes
 the outputs out into new arrays (one copy each way). The crossing is timed once per candidate
 (median of a few crossings, `_bind_inputs`) and **added to every sample** (details:
@@ -68,6 +68,7 @@ from runners.base import (
 )
 from runners.cpu import artifact_digest, classify_build_error, error_text, option_int, seed_of
 from runners.measure import summarize, time_callable
+from runners.runtime import PartitionRuntime, RuntimeInput, generic_runtime
 
 if TYPE_CHECKING:
     import numpy as np
@@ -442,3 +443,7 @@ class LiteRTToolchain(Toolchain):
             samples.append(time.perf_counter_ns() - t0)
         _write_inputs(handle, feeds)
         return statistics.median(samples) * 1e-9
+
+    def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
+        """A plan partition: built once, run with `run_outputs` (`generic_runtime`)."""
+        return generic_runtime(self, inp)

@@ -1,7 +1,8 @@
 """The options each toolchain accepts: names, types, allowed values and defaults.
 
-Option names are the ones the runners read (`runners.cpu`, `runners.cuda`, `runners.litert`,
-`runners.ethosu`, `runners.null`; the toolchain -> module map is `runners.registry`); defaults
+Option names are the ones the runners read (`runners.onnx_base`, `runners.ort`,
+`runners.openvino_cpu`, `runners.cuda`, `runners.litert`, `runners.ethosu`, `runners.null`; the
+toolchain -> module map is `runners.registry`); defaults
 are the runners' own, so they are *implicit* (a configuration that states one is the same
 target as one that leaves it out) except TensorRT's ``fp16``, which the built-in catalogue
 states explicitly. Options that are hardware facts are *locked* (Vela's ``accelerator_config``

@@ -14,7 +14,8 @@ slower than it runs). That excess is measured directly, the same way plans run:
   `MeasureConfig`, its mode included);
 * ``pipe``: two such partitions chained, the first one's output buffer bound as the second
   one's input, run with the executor's binding (`collage_farm.execute`, how plans run) and
-  timed warm, like a plan end to end;
+  timed warm, like a plan end to end (`collage_farm.probes.handoff` measures it, and drives
+  the whole per-toolchain probe: it needs the executor, which runners may not use);
 * the boundary excess is ``pipe - 2 x iso`` at each size; `collage_farm.core.transition`
   fits ``fixed + per_byte x nbytes`` over the sizes (`MeasuredTransitionModel`). The fixed part
   is the per-partition launch penalty, the per-byte part is split between the tensor's two
@@ -38,6 +39,9 @@ Rows are ordinary cost-table rows (``kind=measured``) with fingerprints::
 target the rows were measured for (copy rows: a synthetic ``copy`` target on the source device),
 so `collage_farm.core.transition.MeasuredTransitionModel.from_rows` can read them back on any
 machine, offline included.
+
+This module holds what needs only the runners: the fingerprints, the identity models, the
+``iso`` measurement (`measure_iso`) and the device copies (`measure_copies`).
 """
 
 from __future__ import annotations
@@ -51,24 +55,28 @@ from collage_farm.core.target import Target, VirtualDevice
 from runners.base import (
     BuildInput,
     DeviceDescription,
-    Kind,
     MeasureConfig,
     MeasureInput,
     MeasureResult,
     Status,
+    Toolchain,
 )
+from runners.cuda import preload_cuda
 from runners.measure import summarize, time_callable
 
 __all__ = [
     "HANDOFF_SIZES",
     "LAUNCH_BYTES",
     "PREFIX",
+    "PROBED_TOOLCHAINS",
     "copy_fingerprint",
+    "copy_target",
     "identity_model",
     "measure_copies",
-    "measure_toolchain_transitions",
+    "measure_iso",
     "parse_fingerprint",
     "transition_fingerprint",
+    "warm_config",
 ]
 
 PREFIX = "transition:"
@@ -137,87 +145,19 @@ def identity_model(nbytes: int, stages: int = 1) -> bytes:
     return m.SerializeToString()
 
 
-def _stage_model(nbytes: int, src: str, dst: str) -> bytes:
-    from onnx import TensorProto, helper
-
-    n = max(1, int(nbytes) // 4)
-    g = helper.make_graph(
-        [helper.make_node("Identity", [src], [dst], name=f"id_{src}")], f"stage_{src}",
-        [helper.make_tensor_value_info(src, TensorProto.FLOAT, [1, n])],
-        [helper.make_tensor_value_info(dst, TensorProto.FLOAT, [1, n])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 10
-    return m.SerializeToString()
-
-
-def _warm(config: MeasureConfig) -> MeasureConfig:
+def warm_config(config: MeasureConfig) -> MeasureConfig:
+    """``config`` in warm mode (no eviction): how pipes and copies are timed."""
     return dataclasses.replace(config, mode="warm", flush_bytes=0)
 
 
-def _iso(tc: Any, target: Target, nbytes: int, config: MeasureConfig, fp: str
-         ) -> MeasureResult:
+def measure_iso(tc: Toolchain, target: Target, nbytes: int, config: MeasureConfig, fp: str
+                ) -> MeasureResult:
+    """An identity partition of ``nbytes`` built and measured exactly like a candidate
+    (``tc.build`` and ``tc.measure`` with ``config``), filed under fingerprint ``fp``."""
     data = identity_model(nbytes)
     build = tc.build(BuildInput(fp, target, data, label=fp))
     res: MeasureResult = tc.measure(MeasureInput(build, config))
     return dataclasses.replace(res, fingerprint=fp)
-
-
-def _pipe(target: Target, nbytes: int, config: MeasureConfig, fp: str,
-          device: DeviceDescription, version: str) -> MeasureResult:
-    """Two identity partitions chained with the executor's binding, timed warm end to end."""
-    from collage_farm.execute import PlanExecutor, make_runtime
-
-    t0 = time.perf_counter()
-    warm = _warm(config)
-    common: dict[str, Any] = dict(device=device, toolchain_version=version, kind=Kind.MEASURED)
-    try:
-        threads = max(1, int(config.threads))
-        opts = dict(target.options)
-        a = make_runtime("a", target.id, target.toolchain, _stage_model(nbytes, "t0", "t1"),
-                         ("t0",), ("t1",), 0.0, opts, threads)
-        b = make_runtime("b", target.id, target.toolchain, _stage_model(nbytes, "t1", "t2"),
-                         ("t1",), ("t2",), 0.0, opts, threads)
-        ex = PlanExecutor.from_runtimes([a, b], ("t0",), ("t2",), identity_model(nbytes, 2))
-        fn = ex.timed_callable()
-        samples, medians = time_callable(fn, warm)
-    except Exception as e:
-        return MeasureResult(fp, target, Status.RUNTIME_ERROR, warm,
-                             error=f"{type(e).__name__}: {str(e)[:2000]}",
-                             measure_s=time.perf_counter() - t0, **common)
-    return MeasureResult(fp, target, Status.OK, warm, samples=tuple(samples),
-                         summary=summarize(samples, medians),
-                         measure_s=time.perf_counter() - t0,
-                         details=(("stages", 2), ("nbytes", int(nbytes)),
-                                  ("binding", "collage_farm.execute")), **common)
-
-
-def measure_toolchain_transitions(target: Target, config: MeasureConfig | None = None,
-                                  sizes: Sequence[int] = HANDOFF_SIZES
-                                  ) -> Iterator[MeasureResult]:
-    """Launch, iso and pipe results for ``target`` on this machine (in this process).
-
-    Yields results as they are taken (each a cost-table row via `row_from_result`). A
-    toolchain that is not available yields nothing; a probe that fails yields a failed result.
-    """
-    from runners.registry import get_toolchain
-
-    config = config or MeasureConfig()
-    tc = get_toolchain(target.toolchain)
-    if tc.available() is not None or target.toolchain not in PROBED_TOOLCHAINS:
-        return
-    dev_label = target.device.label
-    device = tc.device_description(target)
-    version = tc.version()
-    yield _iso(tc, target, LAUNCH_BYTES, config,
-               transition_fingerprint("launch", target.toolchain, dev_label))
-    for nb in sizes:
-        yield _iso(tc, target, nb, config,
-                   transition_fingerprint("iso", target.toolchain, dev_label, nb))
-        yield _pipe(target, nb, config,
-                    transition_fingerprint("pipe", target.toolchain, dev_label, nb),
-                    device, version)
-    if hasattr(tc, "clear_cache"):
-        tc.clear_cache()
 
 
 def copy_target(src: VirtualDevice) -> Target:
@@ -237,7 +177,7 @@ def measure_copies(pairs: Sequence[tuple[VirtualDevice, VirtualDevice]],
     """
     import numpy as np
 
-    config = _warm(config or MeasureConfig())
+    config = warm_config(config or MeasureConfig())
     try:
         import onnxruntime as ort
 
@@ -245,8 +185,6 @@ def measure_copies(pairs: Sequence[tuple[VirtualDevice, VirtualDevice]],
     except ImportError:
         has_cuda = False
     if has_cuda:
-        from runners.cuda import preload_cuda
-
         preload_cuda()  # device OrtValues need the CUDA libraries the EP would load
     for src, dst in pairs:
         if src.same_memory(dst):

@@ -97,7 +97,7 @@ def _result(args: argparse.Namespace, ex: PlanExecutor, errors: dict[str, float]
         "apparent_loss": cmp.apparent_loss,
         "partitions": [
             {"id": rt.id, "target": rt.target, "toolchain": rt.toolchain,
-             "estimated_s": rt.estimated_s, "kind": rt.kind, "numerics": rt.numerics}
+             "estimated_s": rt.estimated_s, "kind": rt.kind.value, "numerics": rt.numerics}
             for rt in ex.partitions
         ],
         "cv": cmp.plan.summary.cv,

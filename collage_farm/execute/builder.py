@@ -7,17 +7,17 @@ plan that differs from the last one in one or two partitions rebuilds only those
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
-from collage_farm.execute import PlanExecutor, _ort_session, compare_outputs, make_runtime
+from collage_farm.execute.executor import PlanExecutor, make_runtime
+from collage_farm.execute.numerics import compare_outputs, reference_outputs
+from runners.runtime import PartitionRuntime
 
 __all__ = ["Part", "PlanBuilder"]
 
@@ -33,7 +33,6 @@ class Part:
         return self.mask.bit_count()
 
 
-
 class PlanBuilder:
     """Executors for in-memory plans over one graph, sessions cached per (nodes, target).
 
@@ -45,11 +44,12 @@ class PlanBuilder:
     def __init__(self, graph: DataflowGraph, *, threads: int = 1) -> None:
         self.graph = graph
         self.threads = threads
-        self._cache: dict[tuple[int, str], Any] = {}
+        self._cache: dict[tuple[int, str], PartitionRuntime] = {}
         self._reference: dict[str, np.ndarray] | None = None
         self._feeds: dict[str, np.ndarray] | None = None
 
-    def runtime(self, k: int, part: Part, estimated_s: float = 0.0) -> Any:
+    def runtime(self, k: int, part: Part, estimated_s: float = 0.0) -> PartitionRuntime:
+        """Partition ``k`` of a plan (id ``p<k>``), its session reused when cached."""
         key = (part.mask, part.target.id)
         rt = self._cache.get(key)
         if rt is None:
@@ -60,27 +60,24 @@ class PlanBuilder:
                               dict(part.target.options), self.threads)
             if part.target.toolchain in ("ort-cpu", "openvino"):  # bindings are independent
                 self._cache[key] = rt
-        return dataclasses.replace(rt, id=f"p{k:03d}", estimated_s=estimated_s)
+        return rt.renamed(f"p{k:03d}", estimated_s)
 
-    def executor(self, parts: Sequence[Part], estimates: Sequence[float] | None = None) -> Any:
+    def executor(self, parts: Sequence[Part], estimates: Sequence[float] | None = None
+                 ) -> PlanExecutor:
         est = list(estimates) if estimates is not None else [0.0] * len(parts)
         rts = [self.runtime(k, p, e) for k, (p, e) in enumerate(zip(parts, est))]
         return PlanExecutor.from_runtimes(rts, self.graph.graph_inputs,
                                           self.graph.graph_outputs, self.graph.model)
 
-    def feeds(self, ex: Any) -> dict[str, np.ndarray]:
+    def feeds(self, ex: PlanExecutor) -> dict[str, np.ndarray]:
         if self._feeds is None:
             self._feeds = ex.random_feeds()
         return self._feeds
 
-    def check(self, ex: Any) -> dict[str, float]:
+    def check(self, ex: PlanExecutor) -> dict[str, float]:
         """Numerics against the whole model in ORT CPU; raises `ExecutionMismatch`."""
         feeds = self.feeds(ex)
         if self._reference is None:
-            sess = _ort_session(self.graph.model.SerializeToString(), ["CPUExecutionProvider"],
-                                self.threads)
-            names = [o.name for o in sess.get_outputs()]
-            want = [n for n in self.graph.graph_outputs if n in names] or names
-            vals = sess.run(want, {i.name: feeds[i.name] for i in sess.get_inputs()})
-            self._reference = dict(zip(want, vals))
+            self._reference = reference_outputs(self.graph.model, self.graph.graph_outputs,
+                                                feeds, self.threads)
         return compare_outputs(ex.run(feeds), self._reference, precision=ex.precision)

@@ -1,10 +1,10 @@
 """A campaign's transition model from the cost table's transition rows, measuring what is missing.
 
-`runners.transitions` measures the boundary excess of chained identity partitions per toolchain
-(``transition:iso:...`` and ``transition:pipe:...`` rows) and copies per device pair
-(``transition:copy:...``); `transition_samples` turns such rows into `TransitionSample`s and
-`measured_transition_model` fits a `MeasuredTransitionModel` over them, in front of the
-configured or analytic model, which answers what no row covers.
+`collage_farm.probes.handoff` measures the boundary excess of chained identity partitions per
+toolchain (``transition:iso:...`` and ``transition:pipe:...`` rows) and `runners.transitions`
+copies per device pair (``transition:copy:...``); `transition_samples` turns such rows into
+`TransitionSample`s and `measured_transition_model` fits a `MeasuredTransitionModel` over them,
+in front of the configured or analytic model, which answers what no row covers.
 
 The probe reads the table it is given and writes through the writer it is given (the campaign's
 single `CostTableWriter`): it never opens a writer of its own. Rows it measures are used at once,
@@ -34,13 +34,9 @@ from collage_farm.costtable import (
     normalize_row,
     row_from_result,
 )
+from collage_farm.probes.handoff import measure_toolchain_transitions
 from runners.base import DeviceDescription, MeasureConfig, canonical_mode
-from runners.transitions import (
-    PROBED_TOOLCHAINS,
-    measure_copies,
-    measure_toolchain_transitions,
-    parse_fingerprint,
-)
+from runners.transitions import PROBED_TOOLCHAINS, measure_copies, parse_fingerprint
 
 __all__ = ["measured_transition_model", "transition_rows", "transition_samples"]
 
@@ -110,7 +106,7 @@ def measured_transition_model(
     ``table``: the cost table whose transition rows are read (None: none are). With
     ``measure`` (a campaign that can measure: the farm estimator), toolchains of ``targets``
     that lack rows for this machine and ``config``'s mode are measured here
-    (`runners.transitions`, in this process: the embedded farm's host), and so are copies
+    (`collage_farm.probes.handoff`, in this process: the embedded farm's host), and so are copies
     between the targets' devices and the host where this machine has both; the new rows are
     appended to ``writer`` (None: not written) and used at once. Without ``measure`` (offline)
     the rows of any machine are used, newest first. ``fallback`` (the configured or analytic

@@ -217,7 +217,7 @@ def test_run_times_each_plan_target_whole_with_its_options(mnist: DataflowGraph,
     the plan's options: a partition on an OpenVINO f16 variant is compared with OpenVINO f16
     whole (it was OpenVINO's defaults, labelled "openvino"), and two variants of one toolchain
     are two singles, not one."""
-    import collage_farm.execute as executor_mod
+    import collage_farm.execute.compare as executor_mod  # where compare_interleaved looks it up
     from collage_farm.core.target import CPU0, Target
     from collage_farm.execute import Single, compare_interleaved
 

@@ -1,0 +1,386 @@
+"""Run a plan's partitions in order, tensors wired by name, and time them end to end.
+
+Why: a plan is only a claim until it runs. The search adds up isolated sub-graph costs, and
+cuts cost real time (layout reorders, lost fusion) that isolated warm runs do not see. So
+`PlanExecutor` (1) executes the partitions in file order, wiring tensors by name, (2) checks
+the outputs against the original model run whole in ONNX Runtime CPU
+(`collage_farm.execute.numerics`), and (3) times the plan with the same loop as candidates
+(`runners.measure.time_callable`); `collage_farm.execute.compare` times it interleaved with
+every single-toolchain whole model.
+
+Each partition runs on its toolchain's runtime (`Toolchain.runtime`, `runners.runtime`):
+`make_runtime` asks the registry's toolchain for it, so ONNX Runtime partitions run in sessions
+configured exactly as candidates' (`runners.ort.session_options`).
+
+Binding: after one discovery pass (plain ``run`` calls, learning every tensor's shape and dtype)
+every tensor gets one buffer, allocated once: host tensors are numpy arrays shared by producer
+and consumers (ORT binds them by pointer with IOBinding, OpenVINO wraps them as shared-memory
+``ov.Tensor`` on its inputs *and* outputs); a tensor produced by a GPU partition and read only
+by GPU partitions (`PartitionRuntime.on_gpu`) stays on the device as an ``OrtValue``. The timed
+call is then just the partitions' run calls, with no per-call Python conversion or copies.
+
+Simulated partitions (Ethos-U via Vela) cannot run on this hardware: their latency is the
+simulated cost from the plan's ``estimated_s`` (`Timing.simulated_s`), their numerics come from
+`runners.runtime_sim`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from collage_farm.core.plan import Plan, PlanError, load_plan
+from collage_farm.core.target import get_target
+from collage_farm.execute.numerics import (
+    compare_outputs,
+    loosest,
+    reference_model,
+    reference_outputs,
+)
+from runners.base import Kind, MeasureConfig, RuntimeUnavailable, Summary
+from runners.measure import time_callable
+from runners.registry import get_toolchain
+from runners.runtime import PartitionRuntime, RuntimeInput
+
+__all__ = ["PlanExecutor", "Timing", "make_runtime"]
+
+
+def make_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs: Sequence[str],
+                 outputs: Sequence[str], est: float, options: Mapping[str, Any] | None = None,
+                 threads: int = 1) -> PartitionRuntime:
+    """Partition ``pid`` (ONNX bytes ``data``) as ``toolchain``'s runtime; its target's
+    ``threads`` option wins over ``threads``. Raises `PlanError` when it cannot run here."""
+    opts = dict(options or {})
+    threads = int(opts.get("threads", threads) or threads)
+    inp = RuntimeInput(pid, target, data, tuple(inputs), tuple(outputs), est,
+                       tuple(sorted(opts.items())), threads)
+    try:
+        return get_toolchain(toolchain).runtime(inp)
+    except RuntimeUnavailable as e:
+        raise PlanError(str(e)) from None
+
+
+def _target_options(plan: Plan, target_id: str) -> dict[str, Any]:
+    for t in plan.targets:
+        if isinstance(t, dict) and t.get("id") == target_id:
+            return dict(t.get("options") or {})
+    return {}
+
+
+
+@dataclass(frozen=True)
+class Timing:
+    """End-to-end latency: measured parts (timed together) plus simulated parts (added)."""
+
+    summary: Summary  # of the measured partitions' run, end to end
+    simulated_s: float
+    measured_partitions: tuple[str, ...]
+    simulated_partitions: tuple[str, ...]
+
+    @property
+    def total_s(self) -> float:
+        return self.summary.median + self.simulated_s
+
+    def to_json(self) -> dict:
+        return {"total_s": self.total_s, "measured_s": self.summary.median,
+                "simulated_s": self.simulated_s,
+                "measured_partitions": list(self.measured_partitions),
+                "simulated_partitions": list(self.simulated_partitions),
+                "summary": dataclasses.asdict(self.summary)}
+
+
+class PlanExecutor:
+    """Loads a plan directory and runs its partitions in file order, tensors wired by name.
+
+    ``threads`` is the intra-op thread count of every session (1 by default, like candidates).
+    ``model`` (path or ModelProto) is the original model for `check`; else plan.json's
+    ``source`` (``zoo:NAME`` rebuilt with `collage_farm.zoo.build`, ``pkg:NAME`` from its pip
+    package, or a path).
+    """
+
+    def __init__(self, plan_dir: str | Path, *, threads: int = 1,
+                 model: str | os.PathLike | onnx.ModelProto | None = None,
+                 shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+        self.plan_dir = Path(plan_dir)
+        self.plan, self.files = load_plan(plan_dir)
+        self.threads = threads
+        self.model_arg = model
+        self.shapes = dict(shapes or {})
+        self.partitions: list[PartitionRuntime] = []
+        if not self.plan.partitions:
+            raise PlanError(f"plan {self.plan_dir}: no partitions")
+        for p in self.plan.partitions:
+            f = self.files[p.id]
+            try:
+                data = f.read_bytes()
+            except OSError as e:
+                raise PlanError(f"partition {p.id}: cannot read {f} "
+                                f"({e.strerror or e})") from None
+            tc = p.toolchain or _toolchain_of_target(self.plan, p.target)
+            try:
+                self.partitions.append(make_runtime(
+                    p.id, p.target, tc, data, p.inputs, p.outputs, p.estimated_s,
+                    _target_options(self.plan, p.target), threads))
+            except PlanError:
+                raise
+            except Exception as e:  # a corrupt or swapped file: the toolchain's own words
+                why = " ".join(str(e).split())  # OpenVINO's errors span lines
+                raise PlanError(f"partition {p.id}: {f.name} does not load on {tc} "
+                                f"({type(e).__name__}: {why[:300]})") from None
+        try:
+            self._input_specs = _input_specs(self.files.values(), self.plan.graph_inputs)
+        except Exception as e:
+            raise PlanError(f"plan {self.plan_dir}: its graph inputs are not read by its "
+                            f"partition files ({type(e).__name__}: {str(e)[:200]})") from None
+        self._buffers: dict[str, Any] | None = None
+        self._shapes_bound: dict[str, tuple[int, ...]] = {}
+        self._keep: list[Any] = []
+        self._steps: list[Callable[[], None]] = []
+
+    @classmethod
+    def from_runtimes(cls, runtimes: Sequence[PartitionRuntime], graph_inputs: Sequence[str],
+                      graph_outputs: Sequence[str], model_bytes: bytes | onnx.ModelProto
+                      ) -> PlanExecutor:
+        """An executor over given runtimes (whole models, in-memory plans being refined).
+
+        Runtimes may be shared between executors: each executor binds its own steps.
+        """
+        self = cls.__new__(cls)
+        self.plan_dir = Path(".")
+        self.plan = Plan(model="", targets=(), partitions=(), estimated_total_s=0.0,
+                         graph_inputs=tuple(graph_inputs), graph_outputs=tuple(graph_outputs))
+        self.files = {}
+        self.threads = 1
+        self.model_arg = (model_bytes if isinstance(model_bytes, onnx.ModelProto)
+                          else onnx.load_from_string(model_bytes))
+        self.shapes = {}
+        self.partitions = list(runtimes)
+        self._input_specs = _input_specs_model(self.model_arg, graph_inputs)
+        self._buffers = None
+        self._shapes_bound = {}
+        self._keep = []
+        self._steps = []
+        return self
+
+    # --- feeds and buffers -------------------------------------------------------------
+    def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded feeds for the graph inputs (same scheme as `graph.random_inputs`)."""
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for name, (shape, dtype) in self._input_specs.items():
+            shape = tuple(self.shapes.get(name, shape))
+            if dtype.kind == "f":
+                feeds[name] = rng.standard_normal(shape).astype(dtype)
+            elif dtype.kind in "iu":
+                feeds[name] = rng.integers(0, 4, size=shape).astype(dtype)
+            elif dtype.kind == "b":
+                feeds[name] = rng.integers(0, 2, size=shape).astype(bool)
+            else:
+                feeds[name] = np.zeros(shape, dtype=dtype)
+        return feeds
+
+    def _bind(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        shapes = {k: tuple(np.shape(v)) for k, v in feeds.items()}
+        if self._buffers is not None and shapes == self._shapes_bound:
+            return self._buffers
+        # discovery pass: plain runs learn every tensor's shape and dtype
+        env: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in feeds.items()}
+        for rt in self.partitions:
+            missing = [n for n in rt.inputs if n not in env]
+            if missing:
+                raise PlanError(f"partition {rt.id} needs {missing} that no earlier partition "
+                                f"or graph input provides (partitions out of order?)")
+            env.update(rt.plain(env))
+        self._discovered = env
+        gpu_producers = {n for rt in self.partitions if rt.on_gpu for n in rt.outputs}
+        readers: dict[str, list[PartitionRuntime]] = {}
+        for rt in self.partitions:
+            for n in rt.inputs:
+                readers.setdefault(n, []).append(rt)
+        outs = set(self.plan.graph_outputs)
+        buffers: dict[str, Any] = {}
+        for name, val in env.items():
+            on_dev = (name in gpu_producers and name not in outs
+                      and all(r.on_gpu for r in readers.get(name, [])))
+            if on_dev:
+                import onnxruntime as ort  # heavy: only for plans with GPU partitions
+
+                buffers[name] = ort.OrtValue.ortvalue_from_shape_and_type(
+                    val.shape, val.dtype, "cuda", 0)
+            else:
+                buffers[name] = np.ascontiguousarray(np.array(val, copy=True))
+        self._steps = []
+        for rt in self.partitions:
+            rt.step = rt.bind(buffers)  # the latest binding, for callers holding a runtime
+            self._steps.append(rt.step)
+        self._buffers, self._shapes_bound = buffers, shapes
+        return buffers
+
+    def _load_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        buffers = self._bind(feeds)
+        for k, v in feeds.items():
+            if k in buffers:
+                np.copyto(buffers[k], np.asarray(v, dtype=buffers[k].dtype))
+        return buffers
+
+    # --- run / check / measure ---------------------------------------------------------
+    def run(self, feeds: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run every partition once on ``feeds`` (default: seeded random); graph outputs."""
+        feeds = self.random_feeds() if feeds is None else feeds
+        buffers = self._load_feeds(feeds)
+        for step in self._steps:
+            step()
+        return {n: np.array(buffers[n], copy=True) for n in self.plan.graph_outputs}
+
+    @property
+    def precision(self) -> str:
+        """The loosest arithmetic among the partitions: what the output check tolerates."""
+        return loosest([rt.precision for rt in self.partitions])
+
+    def target_options(self, target_id: str) -> dict[str, Any]:
+        """The options the plan records for ``target_id`` (what its partitions were built with)."""
+        return _target_options(self.plan, target_id)
+
+    def reference(self) -> onnx.ModelProto:
+        return reference_model(self.plan, self.model_arg, self.plan_dir, self.shapes)
+
+    def check(self, feeds: Mapping[str, np.ndarray] | None = None,
+              model: str | os.PathLike | onnx.ModelProto | None = None) -> dict[str, float]:
+        """Compare with the original model run whole in ORT CPU; max abs error per output.
+
+        Raises `ExecutionMismatch` naming the first output out of tolerance.
+        """
+        feeds = self.random_feeds() if feeds is None else feeds
+        ref_model = reference_model(self.plan, model if model is not None else self.model_arg,
+                                    self.plan_dir, self.shapes)
+        ref = reference_outputs(ref_model, self.plan.graph_outputs, feeds, self.threads)
+        got = self.run(feeds)
+        return compare_outputs(got, ref, precision=self.precision)
+
+    def measure(self, config: MeasureConfig | None = None,
+                feeds: Mapping[str, np.ndarray] | None = None) -> Timing:
+        """End-to-end latency; inputs bound once, simulated partitions added, not timed."""
+        config = config or MeasureConfig()
+        fn = self.timed_callable(feeds)
+        samples, medians = time_callable(fn, config)
+        return self.timing(Summary.of(samples, medians))
+
+    def timed_callable(self, feeds: Mapping[str, np.ndarray] | None = None
+                       ) -> Callable[[], None]:
+        """The measured partitions' steps as one call (binds ``feeds`` once)."""
+        self._load_feeds(self.random_feeds() if feeds is None else feeds)
+        steps = [st for rt, st in zip(self.partitions, self._steps)
+                 if rt.kind is Kind.MEASURED]
+        buffers = self._buffers  # bound by pointer: must live as long as the callable
+
+        def run_all() -> None:
+            for s in steps:
+                s()
+
+        run_all.buffers = buffers  # type: ignore[attr-defined]
+        return run_all
+
+    def timing(self, summary: Summary) -> Timing:
+        measured = [rt for rt in self.partitions if rt.kind is Kind.MEASURED]
+        simulated = [rt for rt in self.partitions if rt.kind is Kind.SIMULATED]
+        return Timing(
+            summary=summary,
+            simulated_s=sum(rt.estimated_s for rt in simulated),
+            measured_partitions=tuple(rt.id for rt in measured),
+            simulated_partitions=tuple(rt.id for rt in simulated),
+        )
+
+    def measure_in_chain(self, runs: int, *, warmup: int = 0,
+                         feeds: Mapping[str, np.ndarray] | None = None
+                         ) -> tuple[list[float], dict[str, list[float]]]:
+        """``runs`` runs of the whole chain; (chain seconds per run, each measured partition's
+        seconds per run *inside* the running chain, by partition id).
+
+        Unlike `measure_partitions` (each partition again and again on its own), every sample
+        here finds the caches and layouts its real neighbours left. Callers interleave chains
+        and take medians; ``warmup`` runs are not recorded."""
+        if not self._steps or feeds is not None:
+            self._load_feeds(self.random_feeds() if feeds is None else feeds)
+        steps = [(rt.id, step) for rt, step in zip(self.partitions, self._steps)
+                 if rt.kind is Kind.MEASURED]
+        clock = time.perf_counter_ns
+        totals: list[float] = []
+        per: dict[str, list[float]] = {pid: [] for pid, _ in steps}
+        for r in range(warmup + runs):
+            times = []
+            start = clock()
+            for _pid, step in steps:
+                a = clock()
+                step()
+                times.append(clock() - a)
+            end = clock()
+            if r >= warmup:
+                totals.append((end - start) * 1e-9)
+                for (pid, _), dt in zip(steps, times):
+                    per[pid].append(dt * 1e-9)
+        return totals, per
+
+    def measure_partitions(self, config: MeasureConfig | None = None,
+                           feeds: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
+        """Each measured partition timed alone inside the bound pipeline (median seconds)."""
+        config = config or MeasureConfig()
+        self._load_feeds(self.random_feeds() if feeds is None else feeds)
+        out = {}
+        for rt, step in zip(self.partitions, self._steps):
+            if rt.kind is Kind.MEASURED:
+                s, _ = time_callable(step, config)
+                out[rt.id] = float(statistics.median(s))
+            else:
+                out[rt.id] = rt.estimated_s
+        return out
+
+
+def _toolchain_of_target(plan: Plan, target_id: str) -> str:
+    for t in plan.targets:
+        if isinstance(t, dict) and t.get("id") == target_id:
+            return str(t.get("toolchain", ""))
+    return get_target(target_id).toolchain
+
+
+def _vi_spec(vi: onnx.ValueInfoProto) -> tuple[tuple[int, ...], np.dtype] | None:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    # a dynamic dim (no value, 0 or paddle2onnx's -1) gets 1 unless the caller binds it
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1
+            for d in tt.shape.dim]
+    return tuple(dims), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+
+
+def _input_specs(files: Any, graph_inputs: Sequence[str]
+                 ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    want = set(graph_inputs)
+    for f in files:
+        m = onnx.load(str(f), load_external_data=False)
+        for vi in m.graph.input:
+            if vi.name in want and vi.name not in specs:
+                s = _vi_spec(vi)
+                if s is not None:
+                    specs[vi.name] = s
+    return {n: specs[n] for n in graph_inputs if n in specs}
+
+
+def _input_specs_model(model: onnx.ModelProto, graph_inputs: Sequence[str]
+                       ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    out = {}
+    for vi in model.graph.input:
+        if vi.name in graph_inputs:
+            s = _vi_spec(vi)
+            if s is not None:
+                out[vi.name] = s
+    return out

@@ -1,0 +1,78 @@
+"""Time several callables in interleaved rounds: A B C, then B C A, ...
+
+Why: the machines drift by ~10% between phases of one process, so two things timed one after
+the other differ by the drift as much as by themselves. Rotating the order each round puts every
+callable in every turn position, and round ``i`` of each ran within one turn of the rotation,
+so the ratio of two callables' round-``i`` medians is free of the drift between turns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from runners.base import MeasureConfig, Summary
+from runners.measure import time_callable
+
+__all__ = ["Interleaved", "measure_interleaved", "measure_interleaved_rounds"]
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """One interleaved run: each callable's summary and its round medians, in round order.
+
+    Round ``i`` of every callable ran within one turn of the rotation (A B C, then B C A, ...),
+    so the ratio of two callables' round-``i`` medians is free of the drift between turns:
+    `collage_farm.postsearch.noise.paired` compares plans on those ratios.
+    """
+
+    summaries: dict[str, Summary]
+    rounds: dict[str, tuple[float, ...]]
+
+
+def measure_interleaved(fns: Mapping[str, Callable[[], None]], config: MeasureConfig
+                        ) -> dict[str, Summary]:
+    """Time several callables in interleaved rounds (A B C, B C A, ...), one round each turn.
+
+    Each turn is one `time_callable` round (``rounds=1``); warm-up runs happen once per
+    callable before the first round; rounds whose median is off by more than ``outlier_ratio``
+    are re-run once at the end, interleaved too. `measure_interleaved_rounds` also returns the
+    round medians.
+    """
+    return measure_interleaved_rounds(fns, config).summaries
+
+
+def measure_interleaved_rounds(fns: Mapping[str, Callable[[], None]], config: MeasureConfig
+                               ) -> Interleaved:
+    """`measure_interleaved`, with each callable's round medians kept in round order.
+
+    An outlier round re-run at the end replaces that round's median in place, so pairing by
+    round index stays (that one pair is further apart in time, which only widens the spread).
+    """
+    names = list(fns)
+    one = dataclasses.replace(config, rounds=1, warmup_runs=0, outlier_ratio=0.0)
+    for n in names:
+        for _ in range(max(0, config.warmup_runs)):
+            fns[n]()
+    rounds = max(1, config.rounds)
+    samples: dict[str, list[list[float]]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            s, _ = time_callable(fns[n], one)
+            samples[n].append(s)
+    if rounds >= 2 and config.outlier_ratio > 0:
+        for n in names:
+            meds = [statistics.median(s) for s in samples[n]]
+            center = statistics.median(meds)
+            for i, m in enumerate(meds):
+                if center > 0 and abs(m - center) / center > config.outlier_ratio:
+                    samples[n][i], _ = time_callable(fns[n], one)
+    out, per_round = {}, {}
+    for n in names:
+        flat = [x for s in samples[n] for x in s]
+        per_round[n] = tuple(statistics.median(s) for s in samples[n])
+        out[n] = Summary.of(flat, per_round[n])
+    return Interleaved(out, per_round)

@@ -1,0 +1,168 @@
+"""Does a plan compute what its model computes? Tolerances, the output check, the reference.
+
+A plan's outputs are checked against the original model run whole in ONNX Runtime CPU
+(`reference_model` finds the original: the given one, else plan.json's ``source``). The
+tolerance follows the loosest arithmetic among the plan's partitions (`PRECISIONS`, `loosest`),
+since a check must fail on wiring errors, not on a toolchain doing what it was asked:
+
+- fp32: ``|got - ref| <= 1e-4 + 1e-3 * |ref|`` (ORT and OpenVINO reorder float sums; 1e-3 is
+  far above that and far below any real wiring error);
+- tf32 (ORT's CUDA EP and TensorRT on Ampere and later by default: products with a 10-bit
+  mantissa; measured on an H100, resnet18's logits differ from ORT CPU by up to 1.1e-3 absolute,
+  10% relative on a near-zero logit): rtol=1e-2, atol=1e-2 x max|ref|;
+- fp16 (TensorRT ``fp16``, OpenVINO ``precision: f16``): rtol=2e-2, atol=2e-2 x max|ref|;
+- bf16 (OpenVINO ``precision: bf16``): rtol=5e-2, atol=5e-2 x max|ref|;
+- int8 (Ethos-U via its int8 TFLite): rtol=0.1, atol=0.1 x max|ref|.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from collage_farm import zoo
+from collage_farm.core.plan import Plan, PlanError
+from collage_farm.zoo import packaged
+from runners.ort import ort_session
+
+__all__ = [
+    "FP32_ATOL",
+    "FP32_RTOL",
+    "PRECISIONS",
+    "QUANT_ATOL_FRAC",
+    "QUANT_RTOL",
+    "ExecutionMismatch",
+    "compare_outputs",
+    "loosest",
+    "reference_model",
+    "reference_outputs",
+    "tolerance_label",
+]
+
+
+FP32_RTOL = 1e-3
+FP32_ATOL = 1e-4
+QUANT_RTOL = 0.1
+QUANT_ATOL_FRAC = 0.1  # of max |reference|
+# precision -> (rtol, atol, atol is a fraction of max|ref|); ordered loosest last
+PRECISIONS: dict[str, tuple[float, float, bool]] = {
+    "fp32": (FP32_RTOL, FP32_ATOL, False),
+    "tf32": (1e-2, 1e-2, True),
+    "fp16": (2e-2, 2e-2, True),
+    "bf16": (5e-2, 5e-2, True),  # OpenVINO's bf16 hint: an 8-bit mantissa
+    "int8": (QUANT_RTOL, QUANT_ATOL_FRAC, True),
+}
+
+
+def loosest(precisions: Sequence[str]) -> str:
+    """The loosest of ``precisions`` (fp32 when empty); unknown names count as fp16."""
+    order = list(PRECISIONS)
+    return max(precisions, key=lambda p: order.index(p) if p in order else 2, default="fp32")
+
+
+def tolerance_label(precision: str) -> str:
+    rtol, atol, rel = PRECISIONS.get(precision, PRECISIONS["fp16"])
+    return f"{precision} (rtol={rtol:g}, atol={atol:g}{'*max|ref|' if rel else ''})"
+
+
+class ExecutionMismatch(AssertionError):
+    """The plan's outputs differ from the whole model's beyond tolerance."""
+
+    def __init__(self, output: str, max_abs: float, max_rel: float, detail: str = "") -> None:
+        self.output = output
+        self.max_abs = max_abs
+        self.max_rel = max_rel
+        msg = (f"output {output!r} differs from the whole model: max abs error {max_abs:.3g}, "
+               f"max rel error {max_rel:.3g}")
+        super().__init__(msg + (f" ({detail})" if detail else ""))
+
+
+def _load_model_file(path: Path) -> onnx.ModelProto:
+    """``onnx.load`` with its failures as `PlanError` naming the file."""
+    try:
+        return onnx.load(str(path), load_external_data=True)
+    except Exception as e:  # DecodeError, OSError, missing external data, ...
+        raise PlanError(f"the original model {path} is not a readable ONNX model "
+                        f"({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def reference_model(plan: Plan, model: str | os.PathLike | onnx.ModelProto | None,
+                    plan_dir: Path | None = None,
+                    shapes: Mapping[str, Sequence[int]] | None = None) -> onnx.ModelProto:
+    """The original model: the given one, else plan.json's ``source`` (zoo:NAME, pkg:NAME or
+    a path).
+
+    A ``pkg:`` model's inputs are bound as the campaign bound them (plan.json's ``shapes``,
+    the entry's defaults for the rest), overridden by ``shapes``: its file has dynamic dims,
+    and whole-model runs on each toolchain need static ones.
+    """
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if model is not None:
+        return _load_model_file(Path(model))
+    source = str(plan.extra.get("source") or "")
+    if source.startswith("zoo:"):
+        layers = plan.extra.get("layers")
+        return zoo.build(source[4:], **({} if layers is None else {"layers": int(layers)}))
+    if source.startswith(packaged.PREFIX):
+        bound = {**(plan.extra.get("shapes") or {}), **(shapes or {})}
+        return packaged.reference_model(source[len(packaged.PREFIX):], bound)
+    if source:
+        p = Path(source)
+        if not p.is_absolute() and plan_dir is not None and not p.exists():
+            p = plan_dir / p
+        if p.exists():
+            return _load_model_file(p)
+    raise PlanError(f"plan {plan.model!r}: the original model is unknown (source "
+                    f"{source!r} not found); pass it explicitly (--model FILE)")
+
+
+def reference_outputs(model: onnx.ModelProto, outputs: Sequence[str],
+                      feeds: Mapping[str, np.ndarray], threads: int = 1
+                      ) -> dict[str, np.ndarray]:
+    """The model run whole in ONNX Runtime CPU on ``feeds``: its ``outputs`` (all of its
+    outputs when it has none of them), by name."""
+    sess = ort_session(model.SerializeToString(), ["CPUExecutionProvider"], threads)
+    names = [o.name for o in sess.get_outputs()]
+    want = [n for n in outputs if n in names] or names
+    return dict(zip(want, sess.run(want, {i.name: feeds[i.name] for i in sess.get_inputs()})))
+
+
+def compare_outputs(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], *,
+                    precision: str = "fp32") -> dict[str, float]:
+    """Max abs error per output; raises `ExecutionMismatch` outside ``precision``'s tolerance.
+
+    ``precision`` is a key of `PRECISIONS` (unknown names are held to fp16's tolerance).
+    """
+    rtol0, atol0, relative = PRECISIONS.get(precision, PRECISIONS["fp16"])
+    errors: dict[str, float] = {}
+    for name, r in ref.items():
+        if name not in got:
+            raise ExecutionMismatch(name, float("inf"), float("inf"), "missing from the plan")
+        g = np.asarray(got[name])
+        r = np.asarray(r)
+        if g.shape != r.shape:
+            raise ExecutionMismatch(name, float("inf"), float("inf"),
+                                    f"shape {g.shape} vs {r.shape}")
+        if r.dtype.kind not in "fc":
+            bad = int(np.count_nonzero(g != r))
+            if bad:
+                raise ExecutionMismatch(name, float(bad), 1.0, f"{bad} elements differ")
+            errors[name] = 0.0
+            continue
+        g64, r64 = g.astype(np.float64), r.astype(np.float64)
+        diff = np.abs(g64 - r64)
+        max_abs = float(np.nanmax(diff)) if diff.size else 0.0
+        max_rel = float(np.nanmax(diff / np.maximum(np.abs(r64), 1e-12))) if diff.size else 0.0
+        rtol = rtol0
+        atol = atol0 * float(np.max(np.abs(r64)) or 1.0) if relative else atol0
+        label = f"{precision} tolerance rtol={rtol:g}, atol={atol:.3g}"
+        nan_differs = bool(np.isnan(g64).any() != np.isnan(r64).any())
+        if nan_differs or not np.all(diff <= atol + rtol * np.abs(r64)):
+            raise ExecutionMismatch(name, max_abs, max_rel, label)
+        errors[name] = max_abs
+    return errors

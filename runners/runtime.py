@@ -1,0 +1,136 @@
+"""A plan partition on its toolchain: what the heterogeneous executor runs and binds.
+
+`collage_farm.execute.PlanExecutor` runs a plan's partitions in order, each on the toolchain of
+its target. It asks the toolchain for a `PartitionRuntime` (`Toolchain.runtime`) from a
+`RuntimeInput` (the partition's ONNX bytes, tensor names and its target's options), so each
+toolchain owns how its partitions compile, run and bind buffers:
+
+* ``plain(feeds)`` runs the partition once on named arrays and returns its outputs (the
+  executor's discovery pass, which learns every tensor's shape and dtype);
+* ``bind(buffers)`` binds the partition to the executor's buffers (one per tensor, allocated
+  once: numpy arrays on the host, ONNX Runtime ``OrtValue``s on a GPU) and returns the step
+  the executor times: just the toolchain's run call, no per-call conversion or copies.
+
+Toolchains with their own runtime: ONNX Runtime CPU (`runners.ort`), the CUDA and TensorRT
+execution providers (`runners.cuda`), OpenVINO (`runners.openvino_cpu`), Vela (simulated latency,
+int8 numerics: `runners.runtime_sim`). `generic_runtime` serves any toolchain that can
+``build`` a partition and run the artifact with ``run_outputs`` (LiteRT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collage_farm.core.target import CPU0, Target, VirtualDevice
+from runners.base import BuildInput, Kind, RuntimeUnavailable, Toolchain
+
+__all__ = ["SIMULATED_TOOLCHAINS", "PartitionRuntime", "RuntimeInput", "generic_runtime"]
+
+#: toolchains whose partitions are never timed: their latency is the simulator's estimate
+SIMULATED_TOOLCHAINS = ("vela",)
+
+
+@dataclass(frozen=True)
+class RuntimeInput:
+    """One partition of a plan to make a runtime for.
+
+    ``target`` is the target's id as the plan names it; ``options`` its options (sorted pairs,
+    as in `Target.options`); ``threads`` the intra-op thread count of the session (the target's
+    ``threads`` option when it has one). ``estimated_s`` is the plan's estimate, which a
+    simulated partition reports as its latency.
+    """
+
+    id: str
+    target: str
+    onnx_bytes: bytes
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    estimated_s: float = 0.0
+    options: tuple[tuple[str, Any], ...] = ()
+    threads: int = 1
+
+    def target_on(self, toolchain: str, device: VirtualDevice = CPU0) -> Target:
+        """The partition's target on ``device``, with its options."""
+        return Target.make(self.target, toolchain, device, dict(self.options))
+
+
+@dataclass
+class PartitionRuntime:
+    """A partition's compiled session and its bound step (module docstring).
+
+    Not frozen: the executor records the latest binding in ``step``, and a simulated partition
+    whose int8 model fails at its first run says so in ``numerics`` and ``precision``. Runtimes
+    may be shared between executors (each binds its own buffers); copy one with
+    `dataclasses.replace` to give it another id or estimate.
+    """
+
+    id: str
+    target: str
+    toolchain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    estimated_s: float
+    kind: Kind  # MEASURED: timed in the plan; SIMULATED: ``estimated_s`` is its latency
+    numerics: str  # how outputs are computed ("ort-cpu fp32", "openvino f32", "litert int8", ...)
+    plain: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+    bind: Callable[[dict[str, Any]], Callable[[], None]]
+    precision: str = "fp32"  # its arithmetic, for the output check (execute.PRECISIONS)
+    on_gpu: bool = False  # its outputs may stay on the GPU for GPU readers (OrtValue buffers)
+    step: Callable[[], None] | None = None
+
+    @staticmethod
+    def of(inp: RuntimeInput, toolchain: str, kind: Kind, numerics: str,
+           plain: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]],
+           bind: Callable[[dict[str, Any]], Callable[[], None]], *, precision: str = "fp32",
+           on_gpu: bool = False) -> PartitionRuntime:
+        """A runtime for ``inp`` (its id, target, tensor names and estimate)."""
+        return PartitionRuntime(inp.id, inp.target, toolchain, inp.inputs, inp.outputs,
+                                inp.estimated_s, kind, numerics, plain, bind,
+                                precision=precision, on_gpu=on_gpu)
+
+    def renamed(self, id: str, estimated_s: float) -> PartitionRuntime:
+        """This runtime (same session) under another partition id and estimate."""
+        return dataclasses.replace(self, id=id, estimated_s=estimated_s)
+
+
+def generic_runtime(tc: Toolchain, inp: RuntimeInput) -> PartitionRuntime:
+    """A runtime for a toolchain with ``build`` + ``run_outputs(build, feeds, threads)``.
+
+    The partition is built once (`Toolchain.build` on the ONNX bytes, target on the CPU);
+    every run, bound or not, is one ``run_outputs`` call whose outputs are copied into the
+    bound buffers. Raises `RuntimeUnavailable` when the toolchain cannot run here or cannot
+    build the partition.
+    """
+    why = tc.available()
+    if why:
+        raise RuntimeUnavailable(f"partition {inp.id}: toolchain {tc.name} cannot run here: {why}")
+    run_outputs = getattr(tc, "run_outputs", None)
+    if run_outputs is None:
+        raise RuntimeUnavailable(f"partition {inp.id}: toolchain {tc.name} has no run_outputs()")
+    t = inp.target_on(tc.name, CPU0)
+    build = tc.build(BuildInput(f"exec-{inp.id}", t, inp.onnx_bytes, label=inp.id))
+    if not build.ok:
+        raise RuntimeUnavailable(f"partition {inp.id}: {tc.name} build failed: {build.error}")
+    inputs, outputs, threads = inp.inputs, inp.outputs, inp.threads
+
+    def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        res = run_outputs(build, {n: feeds[n] for n in inputs}, threads)
+        return {n: np.asarray(res[n]) for n in outputs}
+
+    def bind(buffers: dict[str, Any]) -> Callable[[], None]:
+        ins = {n: buffers[n] for n in inputs}
+        outs = {n: buffers[n] for n in outputs}
+
+        def step() -> None:
+            res = run_outputs(build, ins, threads)
+            for n, b in outs.items():
+                np.copyto(b, np.asarray(res[n]).reshape(b.shape))
+
+        return step
+
+    return PartitionRuntime.of(inp, tc.name, Kind.MEASURED, tc.name, plain, bind)

@@ -1,0 +1,98 @@
+"""Plan partitions on a simulated accelerator (Vela, Arm Ethos-U): numerics here, latency
+from the plan.
+
+An Ethos-U partition cannot run on this hardware: its latency is the simulated cost the plan
+recorded (``estimated_s``; the runtime's kind is `Kind.SIMULATED`, so the executor adds it
+instead of timing it). Its numerics come from the int8 TFLite model (`runners.tflite.convert`,
+calibrated on the first feeds it sees) run in LiteRT when LiteRT is installed, else from the
+fp32 ONNX partition in ONNX Runtime CPU; ``numerics`` says which, and an int8 model that fails
+at its first run falls back to fp32 and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+
+from runners.base import Kind
+from runners.ort import OrtCpuToolchain, ort_session
+from runners.runtime import PartitionRuntime, RuntimeInput
+from runners.tflite import convert
+
+__all__ = ["calibrate_partition", "simulated_runtime"]
+
+_FP32 = OrtCpuToolchain()  # compiles the fp32 stand-ins (`runtime` keeps no state)
+
+
+def calibrate_partition(data: bytes, feeds: Mapping[str, np.ndarray]
+                        ) -> dict[str, tuple[float, float]]:
+    """(min, max) of every tensor of a partition on ``feeds`` (fp32 ORT, all nodes exposed)."""
+    m = onnx.load_from_string(data)
+    have = {o.name for o in m.graph.output}
+    for n in m.graph.node:
+        for o in n.output:
+            if o and o not in have:
+                m.graph.output.append(onnx.ValueInfoProto(name=o))
+                have.add(o)
+    sess = ort_session(m.SerializeToString(), ["CPUExecutionProvider"], 1)
+    names = [o.name for o in sess.get_outputs()]
+    ins = {i.name: feeds[i.name] for i in sess.get_inputs()}
+    out = {k: (float(np.min(v)), float(np.max(v))) for k, v in ins.items()}
+    for n, v in zip(names, sess.run(names, ins)):
+        a = np.asarray(v)
+        if a.size and a.dtype.kind == "f":
+            out[n] = (float(a.min()), float(a.max()))
+    return out
+
+
+def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
+    """``toolchain``'s partition: int8 TFLite in LiteRT when available (else fp32 ORT);
+    latency simulated (module docstring)."""
+    fp32 = dataclasses.replace(
+        _FP32.runtime(dataclasses.replace(inp, options=())), toolchain=toolchain,
+        kind=Kind.SIMULATED, numerics="ort-cpu fp32 stand-in")
+    try:
+        from ai_edge_litert.interpreter import Interpreter  # heavy: only where plans run
+    except ImportError:
+        return fp32
+    data, threads = inp.onnx_bytes, inp.threads
+    state: dict[str, Any] = {}
+
+    def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if "model" not in state:  # calibrate on the first feeds, then convert once
+            conv = convert(data, "int8", calibrate_partition(data, feeds))
+            interp = Interpreter(model_content=conv.tflite, num_threads=max(1, threads))
+            interp.allocate_tensors()
+            state["model"], state["interp"] = conv, interp
+        conv, interp = state["model"], state["interp"]
+        for s in conv.inputs:
+            interp.set_tensor(s.index, s.to_tflite(feeds[s.name]))
+        interp.invoke()
+        return {s.name: s.from_tflite(interp.get_tensor(s.index)) for s in conv.outputs}
+
+    def safe_plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if state.get("failed"):
+            return fp32.plain(feeds)
+        try:
+            return plain(feeds)  # conversion errors surface here
+        except Exception as e:  # unsupported op, missing range: fp32 numerics, said so
+            state["failed"] = f"{type(e).__name__}: {e}"
+            rt.numerics = f"ort-cpu fp32 stand-in (int8 TFLite failed: {state['failed'][:120]})"
+            rt.precision = "fp32"
+            return fp32.plain(feeds)
+
+    def bind(buffers: dict[str, Any]) -> Callable[[], None]:
+        def step() -> None:  # never timed (simulated); keeps data flowing for run()
+            res = safe_plain({n: buffers[n] for n in inp.inputs})
+            for n in inp.outputs:
+                np.copyto(buffers[n], np.asarray(res[n]).reshape(buffers[n].shape))
+
+        return step
+
+    rt = PartitionRuntime.of(inp, toolchain, Kind.SIMULATED, "litert int8 (runners.tflite)",
+                             safe_plain, bind, precision="int8")
+    return rt
