@@ -17,6 +17,7 @@ order the nodes. A malformed model is reported as a `ModelError` naming what is 
 from __future__ import annotations
 
 import enum
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
+
+log = logging.getLogger(__name__)
 
 # ONNX Runtime 1.31 reads IR <= 13 while onnx 1.23 writes 14; 10 works in ORT and OpenVINO.
 MAX_IR_VERSION = 10
@@ -696,10 +699,13 @@ def _load_graph(
     except Exception:  # an opset the table does not know: the checks above decide
         need_ir = 0
     if model.ir_version < need_ir:
+        # ONNX Runtime and OpenVINO run such exports (IR and opset versions disagree, the
+        # operators are what the opsets say): lift the IR version of the in-memory copy, which
+        # is what shape inference and the extracted sub-models need, and say so once
         ops = ", ".join(f"{i.domain or 'ai.onnx'} {i.version}" for i in model.opset_import)
-        raise ModelError(
-            f"IR version {model.ir_version} does not match the model's opsets ({ops}), which "
-            f"need IR >= {need_ir}: re-export the model or set its ir_version")
+        log.warning("%s: IR version %d is below what its opsets (%s) need; read as IR %d "
+                    "(the file is not changed)", name, model.ir_version, ops, need_ir)
+        model.ir_version = need_ir
     _clear_negative_dims(model)
     _bind_inputs(model, shapes or {})
     _fold_constants(model)

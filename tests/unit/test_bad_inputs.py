@@ -15,6 +15,7 @@ reading a byte of it (reading it cost 34 s and 4 GB of RSS before the check exis
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -28,12 +29,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from collage_farm.core.graph import ModelError, load_graph
+from collage_farm.core.subgraph import SubGraph
 from collage_farm.costtable import CostTable, CostTableWarning, CostTableWriter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,7 +185,6 @@ BAD_MODELS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "duplicate_outputs": (_duplicate_outputs, r"duplicate graph output names: \['y'\]"),
     "opset_too_new": (_opset_too_new, r"opset \d+ is newer than supported"),
     "ir_too_new": (_ir_too_new, r"IR version \d+ is newer than"),
-    "ir_opset_mismatch": (_ir_opset_mismatch, r"IR version 3 does not match.*need IR >= 8"),
     "unbound_dynamic_dim": (_dynamic_dim, r"dynamic dimension 0 \('batch'\).*--shape x=Nx4"),
     "zero_size_input": (_zero_size, r"'x' has dimension 0 of size 0"),
     "custom_op_unknown_shape": (_custom_op_unknown_shape,
@@ -203,6 +205,23 @@ def test_bad_model_api(case: str, tmp_path: Path) -> None:
     path = make(tmp_path)
     with pytest.raises(ModelError, match=message):
         load_graph(path)
+
+
+def test_ir_version_below_its_opsets_is_lifted_in_memory_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """ONNX Runtime runs an IR 3 file that imports opset 17: so does collage-farm. The copy in
+    memory (and every sub-model cut from it) says IR 8; the file on disk is left as it was."""
+    path = _ir_opset_mismatch(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        g = load_graph(path)
+    warned = [r for r in caplog.records if "IR version 3" in r.getMessage()]
+    assert len(warned) == 1 and "read as IR 8" in warned[0].getMessage()
+    assert g.model.ir_version == 8 and onnx.load(str(path)).ir_version == 3
+    sub = SubGraph(g, g.all_mask).extract("irlift")
+    assert sub.ir_version == 8
+    out = ort.InferenceSession(sub.SerializeToString()).run(
+        None, {"x": -np.ones((1, 4), np.float32)})
+    assert np.array_equal(out[0], np.zeros((1, 4), np.float32))
 
 
 def test_custom_domain_op_with_declared_shape_loads_as_opaque(tmp_path: Path) -> None:
