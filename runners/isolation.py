@@ -47,6 +47,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
+# light modules only (no numpy): a spawned child imports this module before it sets its
+# thread environment (`thread_env`), and numpy's BLAS reads that environment when imported
+from runners import registry
 from runners.base import (
     BuildInput,
     BuildResult,
@@ -55,6 +58,7 @@ from runners.base import (
     MeasureResult,
     Status,
 )
+from runners.measure import pin_to_cores
 
 __all__ = ["Reply", "WorkerError", "WorkerProcess", "default_max_rss_mb", "describe_exit",
            "thread_env"]
@@ -159,15 +163,11 @@ def _child_main(conn: Any, toolchains: tuple[str, ...], cores: tuple[int, ...] |
     import faulthandler
 
     faulthandler.enable()  # a segfault prints the Python stack to stderr before dying
-    from runners.measure import pin_to_cores
-
     try:
         pin_to_cores(cores)
     except ValueError as e:
         conn.send(("start_error", str(e)))
         return
-    from runners import registry
-
     status: dict[str, str | None] = {}
     for name in toolchains:
         try:
@@ -201,8 +201,6 @@ _KEPT: list[BuildResult] = []
 
 def _handle(op: str, payload: Any, served: tuple[str, ...],
             status: dict[str, str | None]) -> Any:
-    from runners import registry
-
     if op == "ping":
         return os.getpid()
     if op == "info":
