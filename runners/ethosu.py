@@ -90,10 +90,11 @@ from runners.vela_estimate import (
     HOST_MODEL,
     HostModel,
     VelaConfig,
-    vela_config,
+    resolve_vela_config,
     vela_estimate,
     vela_ini,
 )
+from runners.vela_facts import VELA_DEFAULTS
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
@@ -316,6 +317,23 @@ class VelaCapabilities(Capabilities):
         if why is not None:
             return why
         return vela_why_not(node, graph)
+
+
+# ----------------------------------------------------------------------------------------
+# the target's Vela configuration
+
+
+def vela_config(target: Target) -> VelaConfig:
+    """The target's Vela configuration with Vela's defaults filled in (see the module docstring).
+
+    Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
+    """
+    accel = str(target.option("accelerator_config", target.name) or target.name)
+    family = "u65" if accel.startswith("ethos-u65") else "u55"
+    system = str(target.option("system_config", None) or VELA_DEFAULTS[family][0])
+    mode = str(target.option("memory_mode", None) or VELA_DEFAULTS[family][1])
+    optimise = str(target.option("optimise", None) or "Performance")
+    return resolve_vela_config(accel, system, mode, optimise)
 
 
 # ----------------------------------------------------------------------------------------

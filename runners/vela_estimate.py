@@ -1,8 +1,8 @@
 """Vela's estimate of an int8 TFLite model: configuration, in-process compile, per-operator cycles.
 
-`vela_config` resolves a target's Vela configuration (accelerator, system config and memory
+`resolve_vela_config` resolves a Vela configuration (accelerator, system config and memory
 mode of the ``vela.ini`` bundled with ethos-u-vela, parsed by Vela's own
-``ArchitectureFeatures``; defaults as in `runners.vela_facts.VELA_DEFAULTS`). `vela_estimate`
+``ArchitectureFeatures``; `runners.ethosu.vela_config` fills in a target's). `vela_estimate`
 compiles a TFLite flatbuffer with Vela's C++ core (``ethosu.regor.compile``), reads its
 optimised database (``perf`` rows -> ``source`` operators -> ``ext_key`` = TFLite operator
 index) into per-operator cycles, and costs the operators Vela leaves on the CPU with
@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from runners.vela_facts import VELA_DEFAULTS, vela_ini_path
+from runners.vela_facts import vela_ini_path
 
 if TYPE_CHECKING:
-    from collage_farm.core.target import Target
     from runners.tflite import ConvertedModel, OpInfo
 
-__all__ = ["HOST_MODEL", "HostModel", "VelaConfig", "vela_config", "vela_estimate", "vela_ini"]
+__all__ = ["HOST_MODEL", "HostModel", "VelaConfig", "resolve_vela_config", "vela_estimate",
+           "vela_ini"]
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,12 @@ def vela_ini() -> str:
 
 
 @lru_cache(maxsize=32)
-def _vela_config(accelerator: str, system_config: str, memory_mode: str,
-                 optimise: str) -> VelaConfig:
+def resolve_vela_config(accelerator: str, system_config: str, memory_mode: str,
+                        optimise: str) -> VelaConfig:
+    """These vela.ini sections resolved by Vela's ``ArchitectureFeatures`` (cached).
+
+    Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
+    """
     from ethosu.vela.architecture_features import ArchitectureFeatures
 
     ini = vela_ini()
@@ -126,19 +130,6 @@ def _vela_config(accelerator: str, system_config: str, memory_mode: str,
         memory_mode=arch.memory_mode, optimise=optimise, clock_hz=float(arch.core_clock),
         macs=int(arch.num_macs_per_cycle), cores=int(arch.ncores),
         arena_cache_size=int(arch.arena_cache_size), ini_path=ini)
-
-
-def vela_config(target: Target) -> VelaConfig:
-    """The target's Vela configuration with Vela's defaults filled in (see the docstring).
-
-    Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
-    """
-    accel = str(target.option("accelerator_config", target.name) or target.name)
-    family = "u65" if accel.startswith("ethos-u65") else "u55"
-    system = str(target.option("system_config", None) or VELA_DEFAULTS[family][0])
-    mode = str(target.option("memory_mode", None) or VELA_DEFAULTS[family][1])
-    optimise = str(target.option("optimise", None) or "Performance")
-    return _vela_config(accel, system, mode, optimise)
 
 
 @contextlib.contextmanager
