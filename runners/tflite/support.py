@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,10 +31,26 @@ if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
 
 
+#: a per-op check: (node, graph, mode) -> None, or why the node is not converted
+_Check = Callable[..., str | None]
+
+
+def _float_checked(inputs: Sequence[int] | None = None) -> Callable[[_Check], _Check]:
+    """Decorates a check: the node's inputs (all, or these) and outputs must be static float32
+    tensors (`_float_io`) before the check itself runs."""
+
+    def wrap(check: _Check) -> _Check:
+        @functools.wraps(check)
+        def checked(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
+            return _float_io(node, graph, inputs) or check(node, graph, mode)
+
+        return checked
+
+    return wrap
+
+
+@_float_checked()
 def _check_conv(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)
-    if why:
-        return why
     x = graph.tensors[node.inputs[0]].shape
     if len(x) != 4:
         return f"only 2-D convolution (input rank {len(x)})"
@@ -61,10 +78,8 @@ def _check_conv(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | N
     return None
 
 
+@_float_checked()
 def _check_pool(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)
-    if why:
-        return why
     if len(node.outputs) > 1 and node.outputs[1]:
         return "MaxPool indices output is not supported"
     x, y, k, s = _pool_geometry(node, graph)
@@ -87,10 +102,8 @@ def _check_pool(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | N
     return None
 
 
+@_float_checked()
 def _check_binary(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)
-    if why:
-        return why
     if len(node.inputs) != 2:
         return "needs two inputs"
     a, b = node.inputs
@@ -112,10 +125,8 @@ def _check_binary(node: Node, graph: DataflowGraph, mode: str = "int8") -> str |
     return None
 
 
+@_float_checked(inputs=[0])
 def _check_reshape(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     if node.op_type == "Reshape" and (len(node.inputs) < 2 or not _is_const(graph,
                                                                            node.inputs[1])):
         return "shape must be a constant initializer"
@@ -127,20 +138,16 @@ def _check_reshape(node: Node, graph: DataflowGraph, mode: str = "int8") -> str 
     return None
 
 
+@_float_checked()
 def _check_softmax(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)
-    if why:
-        return why
     a = _softmax_axis(node, graph)
     if isinstance(a, str) and mode == "fp32" and _softmax_nchw(node, graph):
         return None
     return a if isinstance(a, str) else None
 
 
+@_float_checked(inputs=[0])
 def _check_unary(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     if node.op_type == "Clip":
         b = _clip_bounds(node, graph)
         if isinstance(b, str):
@@ -150,10 +157,8 @@ def _check_unary(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | 
     return None
 
 
+@_float_checked()
 def _check_gemm(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)
-    if why:
-        return why
     a = graph.tensors[node.inputs[0]].shape
     if node.op_type == "MatMul" and len(node.inputs) == 2 and not _is_const(graph, node.inputs[1]):
         if mode != "fp32":
@@ -185,10 +190,8 @@ def _check_gemm(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | N
     return None
 
 
+@_float_checked()
 def _check_concat(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)
-    if why:
-        return why
     r = _dyn_rank(graph, node.outputs[0])
     for t in node.inputs:
         if not t:
@@ -200,19 +203,15 @@ def _check_concat(node: Node, graph: DataflowGraph, mode: str = "int8") -> str |
     return None
 
 
+@_float_checked()
 def _check_global_pool(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)
-    if why:
-        return why
     if _dyn_rank(graph, node.inputs[0]) != 4:
         return "only 2-D global pooling"
     return None
 
 
+@_float_checked(inputs=[0])
 def _check_pad(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     if str(_attr(node, "mode", "constant")) != "constant":
         return "only constant padding"
     if len(node.inputs) < 2 or not _is_const(graph, node.inputs[1]):
@@ -239,10 +238,8 @@ def _check_batch_matmul(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
+@_float_checked(inputs=[0])
 def _check_batchnorm(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     if int(_attr(node, "training_mode", 0)) or any(node.outputs[1:]):  # type: ignore[arg-type]
         return "training-mode BatchNormalization (running statistics outputs)"
     x = graph.tensors[node.inputs[0]].shape
@@ -254,15 +251,12 @@ def _check_batchnorm(node: Node, graph: DataflowGraph, mode: str = "int8") -> st
     return None
 
 
-def _check_by_params(params: Callable[[Node, DataflowGraph], object]
-                     ) -> Callable[[Node, DataflowGraph, str], str | None]:
+def _check_by_params(params: Callable[[Node, DataflowGraph], object]) -> _Check:
     """A check for an op whose emitter derives its parameters with ``params`` (which returns
     the refusal reason as a string): float input 0, then whatever ``params`` refuses."""
 
+    @_float_checked(inputs=[0])
     def check(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-        why = _float_io(node, graph, inputs=[0])
-        if why:
-            return why
         p = params(node, graph)
         return p if isinstance(p, str) else None
 
@@ -270,12 +264,12 @@ def _check_by_params(params: Callable[[Node, DataflowGraph], object]
 
 
 _check_resize = _check_by_params(_resize_params)
+_check_reduce = _check_by_params(_reduce_axes)
+_check_split = _check_by_params(_split_sizes)
 
 
+@_float_checked(inputs=[0])
 def _check_convtranspose(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     x = graph.tensors[node.inputs[0]].shape
     y = graph.tensors[node.outputs[0]].shape
     if len(x) != 4:
@@ -306,10 +300,8 @@ def _check_convtranspose(node: Node, graph: DataflowGraph, mode: str = "int8") -
     return None
 
 
+@_float_checked()
 def _check_transpose(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)
-    if why:
-        return why
     r = _dyn_rank(graph, node.inputs[0])
     perm = _attr(node, "perm")
     if r > 6:
@@ -319,13 +311,8 @@ def _check_transpose(node: Node, graph: DataflowGraph, mode: str = "int8") -> st
     return None
 
 
-_check_reduce = _check_by_params(_reduce_axes)
-
-
+@_float_checked(inputs=[0])
 def _check_pow(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     if _is_const(graph, node.inputs[0]):
         return "constant base"
     if _pow_exponent(node, graph) is None:
@@ -333,10 +320,8 @@ def _check_pow(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | No
     return None
 
 
+@_float_checked(inputs=[0])
 def _check_slice(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     shape = graph.tensors[node.inputs[0]].shape
     if len(shape) > 5:
         return "rank > 5 (STRIDED_SLICE)"
@@ -351,10 +336,8 @@ def _check_cast(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | N
     return None
 
 
+@_float_checked(inputs=[0])
 def _check_gather(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     idx = node.inputs[1] if len(node.inputs) > 1 else ""
     info = graph.tensors.get(idx)
     if info is None or info.elem_type not in _INT_TYPES:
@@ -372,13 +355,8 @@ def _check_gather(node: Node, graph: DataflowGraph, mode: str = "int8") -> str |
     return None
 
 
-_check_split = _check_by_params(_split_sizes)
-
-
+@_float_checked(inputs=[0])
 def _check_layernorm(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph, inputs=[0])
-    if why:
-        return why
     if any(node.outputs[1:]):
         return "Mean / InvStdDev outputs are not converted"
     x = graph.tensors[node.inputs[0]].shape
