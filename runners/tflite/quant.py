@@ -115,6 +115,14 @@ def resolve_qparams(ir: _Builder) -> dict[int, tuple[float, int]]:
         for a, _ in pinned:
             if (op_idx, a) not in requant:
                 requant.append((op_idx, a))
+    q = _group_qparams(ir, uf, pins)
+    _insert_requants(ir, q, requant)
+    return q
+
+
+def _group_qparams(ir: _Builder, uf: _UnionFind, pins: Mapping[int, tuple[float, int]]
+                   ) -> dict[int, tuple[float, int]]:
+    """Every activation gets its group's pin, else the qparams of the union of its ranges."""
     groups: dict[int, list[int]] = {}
     for i, t in enumerate(ir.tensors):
         if t.kind == "act":
@@ -131,8 +139,14 @@ def resolve_qparams(ir: _Builder) -> dict[int, tuple[float, int]]:
             qp = act_qparams(min(r[0] for r in rs), max(r[1] for r in rs))  # type: ignore[index]
         for m in members:
             q[m] = qp
-    # requantise pinned inputs whose parameters differ from their concat's output
-    # (descending op index, so inserting before one op never shifts a later-handled one)
+    return q
+
+
+def _insert_requants(ir: _Builder, q: dict[int, tuple[float, int]],
+                     requant: list[tuple[int, int]]) -> None:
+    """A QUANTIZE in front of each (concat op, pinned input) whose parameters differ from the
+    concat's output (descending op index, so inserting before one op never shifts a
+    later-handled one)."""
     for op_idx in sorted({i for i, _ in requant}, reverse=True):
         op = ir.ops[op_idx]
         inserted: list[_Op] = []
@@ -145,7 +159,6 @@ def resolve_qparams(ir: _Builder) -> dict[int, tuple[float, int]]:
             op.inputs = [rq if i == tid else i for i in op.inputs]
             inserted.append(_Op("QUANTIZE", [tid], [rq], ("QuantizeOptions", ()), op.nodes))
         ir.ops[op_idx:op_idx] = inserted
-    return q
 
 
 @dataclass
