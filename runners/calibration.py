@@ -27,14 +27,11 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
+import onnx
 
-if TYPE_CHECKING:
-    import onnx
-
-    from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, load_graph, random_inputs
 
 __all__ = ["CACHE_ENV", "calibrate", "clear_memory_cache", "model_key"]
 
@@ -72,10 +69,7 @@ def _float_tensors(graph: DataflowGraph) -> list[str]:
 
 
 def _measure(graph: DataflowGraph, seed: int, n_samples: int) -> dict[str, tuple[float, float]]:
-    import onnx
-    import onnxruntime as ort
-
-    from collage_farm.core.graph import MAX_IR_VERSION, random_inputs
+    import onnxruntime as ort  # heavy: only where a model is actually run
 
     names = _float_tensors(graph)
     produced = [t for t in names if t not in graph.graph_inputs]
@@ -125,8 +119,6 @@ def calibrate(
     Runs the whole fp32 model once per model (cached; see the module docstring). A
     `ModelProto` or model bytes are loaded with `collage_farm.core.graph.load_graph` first.
     """
-    from collage_farm.core.graph import DataflowGraph, load_graph
-
     if not isinstance(graph, DataflowGraph):
         graph = load_graph(graph)
     key = model_key(graph, seed, n_samples)

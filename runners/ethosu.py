@@ -33,31 +33,20 @@ the ONNX node names through `ConvertedModel.op_nodes`; they add up to Vela's tot
 
 Operators Vela cannot place on the NPU stay as "Passthrough" TFLite operators with 0 NPU cycles.
 On a real system they run on the host; they are costed with `HOST_MODEL`, an *analytic* model of
-a Cortex-M55 running CMSIS-NN int8 kernels, and that part is labelled ``analytic`` in the details
-(``details["analytic"]``) so nobody mistakes it for a Vela number. The model:
+a Cortex-M55 running CMSIS-NN int8 kernels (its figures and sources are in
+`runners.vela_estimate`), and that part is labelled ``analytic`` in the details
+(``details["analytic"]``) so nobody mistakes it for a Vela number. It is an estimate for
+ranking, not a simulator: an NPU-only candidate wins when one exists.
 
-* clock 400 MHz: the high-performance Cortex-M55 cores of Alif Ensemble MCUs, the first
-  production parts pairing a Cortex-M55 with an Ethos-U55 (Alif Semiconductor, "Power
-  Management" white paper: high-performance region up to 400 MHz);
-* 0.25 cycles per int8 MAC: the Cortex-M55's Helium (MVE) datapath peaks at 8 x 8-bit MACs per
-  cycle ("2x32-bit or 4x16-bit or 8x8-bit MACs/cycle", WikiChip, Cortex-M55
-  microarchitecture), and CMSIS-NN kernels are taken to reach half of that peak;
-* 0.25 cycles per byte moved (activations read and written plus weights read): the M55's 64-bit
-  internal bus moves 8 bytes per cycle at best (same source), again at half of peak;
-* 2,000 cycles per operator: TFLite Micro's interpreter dispatch and kernel prologue (order of
-  magnitude, not measured here).
-
-It is an estimate for ranking, not a simulator: a candidate that leaves heavy work on the host
-is costed as slow as an M-class core makes it, so an NPU-only candidate wins when one exists. The
-same model is used for U65 systems, whose host is an application processor (Cortex-A class): it
-overstates that host's cost, in the same direction. Hand-offs between NPU and host inside one
-candidate are not costed separately.
+The Vela configuration, the compile and the reading of Vela's report live in
+`runners.vela_estimate` (`vela_config`, `vela_estimate`); this module holds the capability
+check and the toolchain, and re-exports those names.
 
 Samples: a simulated estimate is deterministic (the same TFLite and configuration give the same
 cycles, every time), so `measure` returns the one estimate as its one sample (n=1) whatever
 `MeasureConfig` asks for; the config is still stored with the row.
 
-Capabilities: a node is taken when the converter maps it (`tflite_convert.convertible`) and the
+Capabilities: a node is taken when the converter maps it (`runners.tflite.convertible`) and the
 TFLite operator it becomes satisfies Vela's constraints for U55/U65. Vela publishes those as text
 (``ethosu.regor.tflite_operator_constraints``, the source of ``vela --supported-ops-report``), not
 as callable checks, so the numeric ones that the converter's output can violate are restated in
@@ -71,16 +60,14 @@ import nothing heavy (no Vela, no flatbuffers).
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from collage_farm.core.graph import load_graph
 from runners.base import (
     BuildInput,
     BuildResult,
@@ -92,14 +79,28 @@ from runners.base import (
     Status,
     Toolchain,
 )
+from runners.calibration import calibrate
+from runners.measure import summarize
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
-from runners.vela_facts import VELA_DEFAULTS, vela_ini_path
+from runners.tflite import ConversionError, UnsupportedOp, convert, convertible
+from runners.tflite.attrs import _attr, _ints
+from runners.tflite.fold import _init_array
+from runners.tflite.layout import _layout_noop
+from runners.tflite.params import _pool_geometry, _resolve_pads
+from runners.vela_estimate import (
+    HOST_MODEL,
+    HostModel,
+    VelaConfig,
+    resolve_vela_config,
+    vela_estimate,
+    vela_ini,
+)
+from runners.vela_facts import VELA_DEFAULTS
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
     from collage_farm.core.target import Target
-    from runners.tflite import ConvertedModel
 
 __all__ = [
     "HOST_MODEL",
@@ -167,35 +168,6 @@ CONVERTER_VERSION = "tflite_convert/1"
 
 
 # ----------------------------------------------------------------------------------------
-# the host model
-
-
-@dataclass(frozen=True)
-class HostModel:
-    """Analytic cost of an int8 TFLite operator run on the host CPU (see the module docstring)."""
-
-    name: str = "Arm Cortex-M55 @ 400 MHz, CMSIS-NN int8 (analytic)"
-    clock_hz: float = 400e6
-    cycles_per_mac: float = 0.25
-    cycles_per_byte: float = 0.25
-    cycles_per_op: float = 2000.0
-
-    def cycles(self, macs: int, nbytes: int) -> float:
-        return self.cycles_per_op + macs * self.cycles_per_mac + nbytes * self.cycles_per_byte
-
-    def seconds(self, macs: int, nbytes: int) -> float:
-        return self.cycles(macs, nbytes) / self.clock_hz
-
-    def describe(self) -> dict[str, Any]:
-        return {"host": self.name, "clock_hz": self.clock_hz,
-                "cycles_per_mac": self.cycles_per_mac,
-                "cycles_per_byte": self.cycles_per_byte, "cycles_per_op": self.cycles_per_op}
-
-
-HOST_MODEL = HostModel()
-
-
-# ----------------------------------------------------------------------------------------
 # capabilities: the converter's mapping plus Vela's numeric constraints
 
 
@@ -217,14 +189,10 @@ def _weight_sum_why(graph: DataflowGraph, name: str, out_axis: int) -> str | Non
     initializer is only read when that bound passes the limit (K > 65536): the check is free for
     ordinary layers and costs one pass over the data for the rare huge ones.
     """
-    from runners.tflite import _init_array
-
     dims = tuple(graph.initializers[name].dims)
     per_channel = math.prod(dims) // max(dims[out_axis], 1)
     if 127 * per_channel <= MAX_ABS_WEIGHT_SUM:
         return None
-    import numpy as np
-
     w = _init_array(graph, name)
     a = np.abs(np.asarray(w, dtype=np.float64))
     a = np.moveaxis(a, out_axis, 0).reshape(a.shape[out_axis], -1)
@@ -238,8 +206,6 @@ def _weight_sum_why(graph: DataflowGraph, name: str, out_axis: int) -> str | Non
 
 
 def _conv_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite import _attr, _ints, _resolve_pads
-
     x = _shape(graph, node.inputs[0])
     y = _shape(graph, node.outputs[0])
     if node.inputs[1] not in graph.initializers:
@@ -260,8 +226,6 @@ def _conv_why(node: Node, graph: DataflowGraph) -> str | None:
 
 
 def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite import _pool_geometry, _resolve_pads
-
     x, y, k, s = _pool_geometry(node, graph)
     padding, _ = _resolve_pads(node, x[2:], k, s, y[2:])
     if max(s) > MAX_STRIDE and padding != "VALID":
@@ -276,8 +240,6 @@ def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
 
 
 def _gemm_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite import _attr
-
     if node.inputs[1] not in graph.initializers:
         return "weights (B) must be a constant initializer"
     trans_b = node.op_type == "Gemm" and int(_attr(node, "transB", 0))  # type: ignore[arg-type]
@@ -304,8 +266,6 @@ def _global_pool_why(node: Node, graph: DataflowGraph) -> str | None:
 
 
 def _reshape_why(node: Node, graph: DataflowGraph) -> str | None:
-    from runners.tflite import _layout_noop
-
     for t in (node.inputs[0], node.outputs[0]):
         shape = _shape(graph, t)
         if len(shape) == 4 and not _layout_noop(shape) and max(shape) > MAX_TRANSPOSE_DIM:
@@ -332,7 +292,7 @@ _VELA_CHECKS = {
 def vela_why_not(node: Node, graph: DataflowGraph) -> str | None:
     """None when the TFLite operators this node becomes satisfy Vela's U55/U65 constraints.
 
-    Assumes `tflite_convert.convertible` accepted the node. Never raises.
+    Assumes `runners.tflite.convertible` accepted the node. Never raises.
     """
     ops = ONNX_TO_TFLITE.get(node.op_type)
     if ops is None:
@@ -355,8 +315,6 @@ class VelaCapabilities(Capabilities):
     style = "graph"
 
     def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
-        from runners.tflite import convertible
-
         why = convertible(node, graph)
         if why is not None:
             return why
@@ -364,61 +322,11 @@ class VelaCapabilities(Capabilities):
 
 
 # ----------------------------------------------------------------------------------------
-# Vela configuration
-
-
-@dataclass(frozen=True)
-class VelaConfig:
-    """Everything Vela is told, resolved through Vela's own ArchitectureFeatures."""
-
-    accelerator_config: str  # "ethos-u55-128"
-    system_config: str  # vela.ini System_Config section
-    memory_mode: str  # vela.ini Memory_Mode section
-    optimise: str  # "Performance" | "Size"
-    clock_hz: float  # core_clock of the system config
-    macs: int  # MACs per cycle per core
-    cores: int
-    arena_cache_size: int
-    ini_path: str
-
-    @property
-    def regor_accelerator(self) -> str:
-        """Vela's ``ethos-u55-128`` -> regor's ``EthosU55`` (as ``vela.main`` does it)."""
-        parts = self.accelerator_config.split("-")[:-1]
-        return "".join(p.capitalize() for p in parts)
-
-    def describe(self) -> str:
-        return (f"{self.system_config} / {self.memory_mode} @ {self.clock_hz / 1e6:g} MHz"
-                f", optimise {self.optimise}")
-
-
-def _vela_ini() -> str:
-    p = vela_ini_path()
-    if p is None:
-        raise RuntimeError("ethos-u-vela's bundled vela.ini was not found")
-    return str(p)
-
-
-@lru_cache(maxsize=32)
-def _vela_config(accelerator: str, system_config: str, memory_mode: str,
-                 optimise: str) -> VelaConfig:
-    from ethosu.vela.architecture_features import ArchitectureFeatures
-
-    ini = _vela_ini()
-    with _captured_output():  # Vela prints notes on stdout
-        arch = ArchitectureFeatures(
-            vela_config_files=[ini], system_config=system_config, memory_mode=memory_mode,
-            accelerator_config=accelerator, max_blockdep=ArchitectureFeatures.MAX_BLOCKDEP,
-            verbose_config=False, arena_cache_size=None)
-    return VelaConfig(
-        accelerator_config=accelerator, system_config=arch.system_config,
-        memory_mode=arch.memory_mode, optimise=optimise, clock_hz=float(arch.core_clock),
-        macs=int(arch.num_macs_per_cycle), cores=int(arch.ncores),
-        arena_cache_size=int(arch.arena_cache_size), ini_path=ini)
+# the target's Vela configuration
 
 
 def vela_config(target: Target) -> VelaConfig:
-    """The target's Vela configuration with Vela's defaults filled in (see the docstring).
+    """The target's Vela configuration with Vela's defaults filled in (see the module docstring).
 
     Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
     """
@@ -427,148 +335,7 @@ def vela_config(target: Target) -> VelaConfig:
     system = str(target.option("system_config", None) or VELA_DEFAULTS[family][0])
     mode = str(target.option("memory_mode", None) or VELA_DEFAULTS[family][1])
     optimise = str(target.option("optimise", None) or "Performance")
-    return _vela_config(accel, system, mode, optimise)
-
-
-@contextlib.contextmanager
-def _captured_output() -> Iterator[list[str]]:
-    """Redirect fds 1 and 2 (Vela's C++ core prints there) into a buffer; yields [text]."""
-    import sys
-
-    out: list[str] = []
-    for s in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            s.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        try:
-            os.dup2(tmp.fileno(), 1)
-            os.dup2(tmp.fileno(), 2)
-            yield out
-        finally:
-            for s in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    s.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-            tmp.seek(0)
-            out.append(tmp.read().decode(errors="replace"))
-
-
-# ----------------------------------------------------------------------------------------
-# compile and read the estimate
-
-
-def _compile(tflite: bytes, cfg: VelaConfig) -> tuple[Any, str]:
-    """Vela's in-process compile (what ``vela.main`` does for U55/U65); returns (model, log)."""
-    from ethosu import regor
-
-    with open(cfg.ini_path) as f:
-        ini = f.read()
-    system = (f"[architecture]\nmacs={cfg.macs}\ncores={cfg.cores}\n"
-              f"[vela]\nsystem_config_name={cfg.system_config}\n"
-              f"memory_mode_name={cfg.memory_mode}\n{ini}")
-    options = ("\n[compiler]\nenable_db=true\noutput_format=TFLite\ncop_format=COP1\n"
-               f"\n[scheduler]\noptimize={cfg.optimise}\n"
-               f"arena_size_limit={cfg.arena_cache_size}\n")
-    with _captured_output() as log:
-        compiled = regor.compile(cfg.regor_accelerator, tflite, "TFLITE", system,
-                                 options=options, verbose=False)
-    return compiled, (log[0] if log else "")
-
-
-def _table(db: Any, name: str) -> list[dict[str, str]]:
-    t = db.tables.get(name) if db is not None else None
-    if t is None:
-        return []
-    header = list(t.header)
-    return [dict(zip(header, row)) for row in t.data]
-
-
-def _int(v: object) -> int:
-    try:
-        return int(str(v))
-    except ValueError:
-        return 0
-
-
-def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = None,
-                  host: HostModel = HOST_MODEL) -> dict[str, Any]:
-    """Compile ``tflite`` with Vela and turn its report into the cost and its details.
-
-    ``conv`` (the converter's result for this TFLite) names the ONNX nodes of every TFLite
-    operator and gives the MAC / byte counts the host model needs; without it, operators are
-    named by index and Passthrough operators cost the host model's per-operator overhead only.
-    """
-    compiled, log = _compile(tflite, cfg)
-    report = compiled.perf_report
-    db = compiled.opt_database
-    ext_of = {r.get("id"): _int(r.get("ext_key", -1)) for r in _table(db, "source")}
-    infos = {o.index: o for o in conv.ops} if conv is not None else {}
-    ops: dict[int, dict[str, Any]] = {}
-
-    def op_record(index: int) -> dict[str, Any]:
-        rec = ops.get(index)
-        if rec is None:
-            info = infos.get(index)
-            rec = {"index": index, "op": info.op if info else "?",
-                   "nodes": list(info.nodes) if info else [], "target": "npu",
-                   "cycles": 0, "npu_cycles": 0, "macs": 0, "vela_ops": []}
-            ops[index] = rec
-        return rec
-
-    for index in infos:
-        op_record(index)
-    for row in _table(db, "perf"):
-        index = ext_of.get(row.get("source_id"), -1)
-        rec = op_record(index)
-        kind = row.get("operator", "")
-        if kind == "Passthrough":
-            rec["target"] = "cpu"
-        rec["cycles"] += _int(row.get("op_cycles", 0))
-        rec["npu_cycles"] += _int(row.get("npu_cycles", 0))
-        rec["macs"] += _int(row.get("mac_count", 0))
-        if kind not in rec["vela_ops"]:
-            rec["vela_ops"].append(kind)
-    total = int(report.totalCycles)
-    npu_s = total / cfg.clock_hz
-    host_s = 0.0
-    host_ops = []
-    for rec in ops.values():
-        if rec["target"] != "cpu":
-            continue
-        info = infos.get(rec["index"])
-        macs, nbytes = (info.macs, info.bytes) if info else (0, 0)
-        cycles = host.cycles(macs, nbytes)
-        rec["host_cycles"] = cycles
-        rec["host_s"] = cycles / host.clock_hz
-        rec["cost_source"] = "analytic"
-        host_s += rec["host_s"]
-        host_ops.append(rec["index"])
-    node_cycles: dict[str, int] = {}
-    for rec in ops.values():
-        for i, name in enumerate(rec["nodes"]):
-            node_cycles[name] = node_cycles.get(name, 0) + (rec["cycles"] if i == 0 else 0)
-    warnings = "\n".join(ln for ln in log.splitlines() if ln.strip())
-    return {
-        "seconds": npu_s + host_s,
-        "npu_s": npu_s,
-        "host_s": host_s,
-        "total_cycles": total,
-        "npu_cycles": int(report.npuCycles),
-        "clock_hz": cfg.clock_hz,
-        "mac_count": int(report.macCount),
-        "npu_ops": int(report.npuOps),
-        "cpu_ops": int(report.cpuOps),
-        "ops": [ops[i] for i in sorted(ops)],
-        "node_cycles": node_cycles,
-        "analytic": {**host.describe(), "ops": host_ops, "seconds": host_s}
-        if host_ops else {},
-        "vela_tflite_bytes": len(compiled.model) if hasattr(compiled, "model") else 0,
-        "vela_log": warnings[-4000:],
-    }
+    return resolve_vela_config(accel, system, mode, optimise)
 
 
 # ----------------------------------------------------------------------------------------
@@ -578,8 +345,6 @@ def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = 
 def _ranges_for(graph: DataflowGraph, given: Mapping[str, tuple[float, float]]
                 ) -> tuple[dict[str, tuple[float, float]], int]:
     """The given ranges, with any float tensor that lacks one calibrated on the sub-model."""
-    from runners.calibration import calibrate
-
     need = set(graph.graph_inputs) | {o for n in graph.nodes for o in n.outputs if o}
     missing = [t for t in need if t not in given]
     if not missing:
@@ -616,7 +381,7 @@ class VelaToolchain(Toolchain):
         except ImportError as e:
             return f"ethos-u-vela is not installed ({e})"
         try:
-            _vela_ini()
+            vela_ini()
         except RuntimeError as e:
             return str(e)
         return None
@@ -648,9 +413,6 @@ class VelaToolchain(Toolchain):
                                build_s=time.perf_counter() - t0)
 
         try:
-            from collage_farm.core.graph import load_graph
-            from runners.tflite import ConversionError, UnsupportedOp, convert
-
             graph = load_graph(inp.onnx_bytes)
         except Exception as e:
             return failed(Status.BUILD_FAILED, f"cannot load the ONNX sub-model: "
@@ -693,8 +455,6 @@ class VelaToolchain(Toolchain):
     # --- measure -------------------------------------------------------------------------
     def measure(self, inp: MeasureInput) -> MeasureResult:
         """The build's Vela estimate as one sample; recompiles the artifact when it has none."""
-        from runners.measure import summarize
-
         t0 = time.perf_counter()
         build, config = inp.build, inp.config
         common: dict[str, Any] = dict(kind=self.kind, device=self.device_description(build.target),

@@ -8,7 +8,8 @@ never the farm. So every build and measure runs in a long-lived child process:
 * the child is started with the multiprocessing **spawn** context (a fork of a process holding
   Ray, CUDA or OpenVINO thread pools is unsafe), sets its thread environment
   (``OMP_NUM_THREADS`` & co.), hides GPUs from CPU-only workers (``CUDA_VISIBLE_DEVICES=""``),
-  pins itself to its cores, imports its toolchains by name and then serves requests over a pipe;
+  pins itself to its cores, imports its toolchains by name and then serves requests over a pipe
+  (`runners.worker_child`);
 * messages are the frozen dataclasses of `runners.base` (plain, picklable values);
 * every wait in the parent has a deadline: a request that overruns its timeout gets the child
   SIGKILLed and yields `Status.TIMEOUT`; a child that dies (signal, exit code, OOM kill) yields
@@ -33,7 +34,6 @@ and two timings on one core would disturb each other anyway.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import multiprocessing as mp
 import os
 import pickle
@@ -41,7 +41,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -55,6 +54,7 @@ from runners.base import (
     MeasureResult,
     Status,
 )
+from runners.worker_child import THREAD_ENV_VARS, child_main
 
 __all__ = ["Reply", "WorkerError", "WorkerProcess", "default_max_rss_mb", "describe_exit",
            "thread_env"]
@@ -62,14 +62,6 @@ __all__ = ["Reply", "WorkerError", "WorkerProcess", "default_max_rss_mb", "descr
 MAX_RSS_ENV = "COLLAGE_WORKER_MAX_RSS_MB"
 RSS_POLL_S = 0.1  # how often the parent samples a busy child's resident memory
 
-THREAD_ENV_VARS = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "TF_NUM_INTRAOP_THREADS",
-)
 
 
 def thread_env(threads: int, *, cpu_only: bool) -> dict[str, str]:
@@ -150,149 +142,6 @@ class Reply:
 
 
 # ----------------------------------------------------------------------------------------
-# child side
-
-
-def _child_main(conn: Any, toolchains: tuple[str, ...], cores: tuple[int, ...] | None,
-                env: dict[str, str]) -> None:
-    os.environ.update(env)
-    import faulthandler
-
-    faulthandler.enable()  # a segfault prints the Python stack to stderr before dying
-    from runners.measure import pin_to_cores
-
-    try:
-        pin_to_cores(cores)
-    except ValueError as e:
-        conn.send(("start_error", str(e)))
-        return
-    from runners import registry
-
-    status: dict[str, str | None] = {}
-    for name in toolchains:
-        try:
-            status[name] = registry.get_toolchain(name).available()
-        except Exception as e:
-            status[name] = f"{type(e).__name__}: {e}"
-    conn.send(("ready", {"pid": os.getpid(), "toolchains": status,
-                         "affinity": sorted(os.sched_getaffinity(0))}))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError, KeyboardInterrupt):
-            return  # parent went away
-        seq, op, blob = msg
-        if op == "stop":
-            return
-        try:  # the payload is unpickled here so that a bad one is answered, not fatal
-            reply = (seq, "ok", _handle(op, pickle.loads(blob), toolchains, status))
-        except BaseException:
-            reply = (seq, "error", traceback.format_exc(limit=30))
-        try:
-            conn.send(reply)
-        except Exception as e:  # an unpicklable result must not kill the worker
-            conn.send((seq, "error", f"result could not be sent back: {type(e).__name__}: {e}"))
-
-
-#: the child's last build (artifact included), for ``measure_kept``; one slot is enough: the farm
-#: measures a candidate right after building it
-_KEPT: list[BuildResult] = []
-
-
-def _handle(op: str, payload: Any, served: tuple[str, ...],
-            status: dict[str, str | None]) -> Any:
-    from runners import registry
-
-    if op == "ping":
-        return os.getpid()
-    if op == "info":
-        tcs = {}
-        for name in served:
-            try:
-                version = registry.get_toolchain(name).version() if status[name] is None else ""
-            except Exception as e:
-                version = f"? ({type(e).__name__}: {e})"
-            tcs[name] = {"available": status[name], "version": version}
-        return {
-            "pid": os.getpid(),
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "env": {k: os.environ.get(k) for k in (*THREAD_ENV_VARS, "CUDA_VISIBLE_DEVICES")},
-            "toolchains": tcs,
-        }
-    if op == "build":
-        inp: BuildInput = payload
-        name = inp.target.toolchain
-        why = _not_served(name, served, status)
-        if why:
-            return BuildResult(inp.fingerprint, inp.target, Status.UNSUPPORTED, error=why)
-        t0 = time.perf_counter()
-        try:
-            res = registry.get_toolchain(name).build(inp)
-        except Exception:
-            return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
-                               error=traceback.format_exc(limit=20),
-                               build_s=time.perf_counter() - t0)
-        if not isinstance(res, BuildResult):
-            return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
-                               error=f"{name}.build returned {type(res).__name__}")
-        return res
-    if op == "measure":
-        minp: MeasureInput = payload
-        name = minp.target.toolchain
-        why = _not_served(name, served, status)
-        if why:
-            return MeasureResult.failed(minp.build, Status.UNSUPPORTED, why, minp.config)
-        tc = registry.get_toolchain(name)
-        t0 = time.perf_counter()
-        try:
-            mres = tc.measure(minp)
-        except Exception:
-            return MeasureResult.failed(minp.build, Status.RUNTIME_ERROR,
-                                        traceback.format_exc(limit=20), minp.config,
-                                        measure_s=time.perf_counter() - t0)
-        if not isinstance(mres, MeasureResult):
-            return MeasureResult.failed(minp.build, Status.RUNTIME_ERROR,
-                                        f"{name}.measure returned {type(mres).__name__}",
-                                        minp.config)
-        fill: dict[str, Any] = {}
-        if mres.device is None:
-            with contextlib.suppress(Exception):
-                fill["device"] = tc.device_description(minp.target)
-        if not mres.toolchain_version:
-            with contextlib.suppress(Exception):
-                fill["toolchain_version"] = tc.version()
-        return dataclasses.replace(mres, **fill) if fill else mres
-    if op == "build_keep":  # build, keep the artifact here, send back everything else
-        kept = _handle("build", payload, served, status)
-        _KEPT[:] = [kept]
-        return dataclasses.replace(kept, artifact=b"")
-    if op == "measure_kept":
-        fingerprint, target, config = payload
-        kept = _KEPT[0] if _KEPT else None
-        if kept is None or kept.fingerprint != fingerprint or kept.target != target:
-            return MeasureResult.failed(BuildInput(fingerprint, target, b""),
-                                        Status.RUNTIME_ERROR,
-                                        "no kept build for this candidate in the worker "
-                                        "(was it restarted?)", config)
-        return _handle("measure", MeasureInput(kept, config), served, status)
-    if op == "invoke":
-        name, method, args, kwargs = payload
-        why = _not_served(name, served, status)
-        if why:
-            raise RuntimeError(why)
-        return getattr(registry.get_toolchain(name), method)(*args, **kwargs)
-    raise ValueError(f"unknown worker request {op!r}")
-
-
-def _not_served(name: str, served: tuple[str, ...], status: Mapping[str, str | None]) -> str:
-    if name not in served:
-        return f"toolchain {name!r} is not served by this worker (serves {', '.join(served)})"
-    if status.get(name):
-        return f"toolchain {name!r} is not available on this worker: {status[name]}"
-    return ""
-
-
-# ----------------------------------------------------------------------------------------
 # parent side
 
 _spawn_lock = threading.Lock()
@@ -305,8 +154,9 @@ def _main_hidden() -> Iterator[None]:
     multiprocessing's spawn re-imports the parent's main script (or ``-m`` module) in every
     child before calling the target: for a Ray worker that is Ray's ``default_worker.py``
     (``import ray``: ~1 s per worker start), for a script its top-level imports, all of them
-    before the child has set its thread environment. The target lives in this importable
-    module, so the child does not need ``__main__``: hide its file and spec while starting.
+    before the child has set its thread environment. The target lives in an importable
+    module (`runners.worker_child`), so the child does not need ``__main__``: hide its file and
+    spec while starting.
     """
     main = sys.modules.get("__main__")
     with _spawn_lock:
@@ -380,7 +230,7 @@ class WorkerProcess:
             self._discard()
             parent, child = self._ctx.Pipe(duplex=True)
             proc = self._ctx.Process(
-                target=_child_main,
+                target=child_main,
                 args=(child, self.toolchain_names, self.cores, self.env),
                 name=self.name,
                 daemon=True,

@@ -1,14 +1,14 @@
 """LiteRT with XNNPACK on the CPU ("litert", target ``litert-cpu``): a third CPU toolchain.
 
-Why a third one: with only ONNX Runtime and OpenVINO, the field notes found no mix that beat the
-best single toolchain end to end; a toolchain with different kernels (XNNPACK's packed-weight
-convolutions and depthwise kernels, NHWC throughout) gives the Collage search more to win per
-operator. LiteRT runs TFLite, not ONNX, so candidates go through the in-repo ONNX -> TFLite
-writer (`runners.tflite`) in its **fp32** mode (no quantisation, no calibration ranges),
-the same writer the Ethos-U runner uses in int8 mode.
+Why a third one: with only ONNX Runtime and OpenVINO, a mix rarely beats the best single
+toolchain end to end; a toolchain with different kernels (XNNPACK's packed-weight convolutions
+and depthwise kernels, NHWC throughout) gives the Collage search more to win per operator.
+LiteRT runs TFLite, not ONNX, so candidates go through the in-repo ONNX -> TFLite writer
+(`runners.tflite`) in its **fp32** mode (no quantisation, no calibration ranges), the same
+writer the Ethos-U runner uses in int8 mode.
 
 Capabilities: exactly the nodes the converter maps in fp32 mode
-(``tflite_convert.convertible(node, graph, "fp32")``). fp32 maps more than int8 (BatchNorm,
+(``runners.tflite.convertible(node, graph, "fp32")``). fp32 maps more than int8 (BatchNorm,
 Resize, ConvTranspose, LayerNorm, attention's Transpose / batched MatMul / Softmax, exact GELU,
 shape arithmetic folded at conversion time, ...), which the Ethos-U target, asking for int8, does
 not get. The check is a pure function of the node and its graph, and it imports nothing heavy,
@@ -55,6 +55,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from runners.base import (
     BuildInput,
     BuildResult,
@@ -67,15 +69,13 @@ from runners.base import (
     Toolchain,
 )
 from runners.cpu import artifact_digest, classify_build_error, error_text, option_int, seed_of
-from runners.measure import summarize, time_callable
+from runners.measure import flush_for, summarize, time_callable
 from runners.runtime import PartitionRuntime, RuntimeInput, generic_runtime
+from runners.tflite import CONVERTER_REVISION, ConversionError, IOSpec, convert, convertible
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from collage_farm.core.graph import DataflowGraph, Node
     from collage_farm.core.target import Target
-    from runners.tflite import IOSpec
 
 __all__ = ["LiteRTCapabilities", "LiteRTToolchain"]
 
@@ -93,8 +93,6 @@ class LiteRTCapabilities(Capabilities):
     style = "graph"
 
     def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
-        from runners.tflite import convertible  # numpy only; no LiteRT, no Vela
-
         why = convertible(node, graph, "fp32")
         return None if why is None else f"litert: {why}"
 
@@ -119,8 +117,6 @@ class _Handle:
 
 def _io_specs(details: list[dict[str, Any]]) -> tuple[IOSpec, ...]:
     """IOSpecs from the interpreter's tensor details (rank 4: NHWC in TFLite, NCHW in ONNX)."""
-    from runners.tflite import IOSpec
-
     out = []
     for d in details:
         tfl = tuple(int(x) for x in d["shape"])
@@ -164,8 +160,6 @@ def _delegation(ops: list[dict[str, Any]]) -> tuple[int, tuple[str, ...]]:
 
 def _write_inputs(handle: _Handle, feeds: Mapping[str, np.ndarray]) -> None:
     """ONNX-layout feeds -> the interpreter's input buffers (transposed in one copy)."""
-    import numpy as np
-
     for s, acc in zip(handle.inputs, handle.in_access):
         x = np.asarray(feeds[s.name])
         if s.dtype != "float32":
@@ -179,8 +173,6 @@ def _write_inputs(handle: _Handle, feeds: Mapping[str, np.ndarray]) -> None:
 
 def _read_outputs(handle: _Handle) -> dict[str, np.ndarray]:
     """The interpreter's outputs as new ONNX-layout arrays (transposed in one copy)."""
-    import numpy as np
-
     out: dict[str, np.ndarray] = {}
     for s, acc in zip(handle.outputs, handle.out_access):
         if s.dtype != "float32":
@@ -203,8 +195,6 @@ def _network_flush(handle: _Handle, config: MeasureConfig) -> Any:
     """
     if getattr(config, "mode", "warm") != "network":
         return None
-    from runners.measure import flush_for
-
     evict = flush_for(config, ())
     interp, idx = handle.interp, [s.index for s in handle.inputs]
 
@@ -218,7 +208,7 @@ def _network_flush(handle: _Handle, config: MeasureConfig) -> Any:
 
 
 class LiteRTToolchain(Toolchain):
-    """LiteRT interpreter + default XNNPACK delegate, fp32 TFLite from `tflite_convert`."""
+    """LiteRT interpreter + default XNNPACK delegate, fp32 TFLite from `runners.tflite`."""
 
     name = "litert"
     device_kind = "cpu"
@@ -257,22 +247,16 @@ class LiteRTToolchain(Toolchain):
                     parts.append(f"{pkg} {version(pkg)}")
                 except PackageNotFoundError:
                     parts.append(f"{pkg} ?")
-            from runners.tflite import CONVERTER_REVISION
-
             self._version = ("; ".join(parts) + "; xnnpack default delegate; tflite_convert fp32"
                              f" r{CONVERTER_REVISION}; cost = invoke + layout boundary")
         return self._version
 
     def build(self, inp: BuildInput) -> BuildResult:
-        from runners.tflite import ConversionError
-
         t0 = time.perf_counter()
         if not inp.onnx_bytes:
             return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
                                error="empty ONNX model")
         try:
-            from runners.tflite import convert
-
             converted = convert(inp.onnx_bytes, mode="fp32")
         except ConversionError as e:  # UnsupportedOp and anything the writer cannot express
             return BuildResult(inp.fingerprint, inp.target, Status.UNSUPPORTED,
@@ -366,8 +350,6 @@ class LiteRTToolchain(Toolchain):
     def feeds(self, handle: _Handle, seed: int) -> dict[str, np.ndarray]:
         """ONNX-layout feeds seeded like `collage_farm.core.graph.random_inputs` on the ONNX
         model."""
-        import numpy as np
-
         rng = np.random.default_rng(seed)
         out: dict[str, np.ndarray] = {}
         for s in handle.inputs:

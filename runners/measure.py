@@ -10,14 +10,14 @@ the search optimises measurement artefacts. The loop follows `MeasureConfig`:
   or a 30 us kernel behind a 3 ms eviction would take seconds);
   every round may take ``max_samples // rounds`` samples at most, so tiny kernels stay cheap;
 * a round whose median deviates from the median of round medians by more than
-  ``outlier_ratio`` is re-run once (field notes: an occasional round is +70% on a shared VM);
+  ``outlier_ratio`` is re-run once (on a shared VM an occasional round is +70%);
 * timing uses `time.perf_counter_ns`; an optional ``sync`` (device synchronisation) is inside
   the timed region, an optional ``flush`` is outside it.
 
 Modes (``MeasureConfig.mode``) say what the caches hold when a timed run starts, because an
 isolated candidate run again and again finds its weights and activations cached, which a
-sub-graph inside a whole model seldom does (field notes: isolated warm runs are optimistic by
-1-18%):
+sub-graph inside a whole model seldom does (isolated warm runs were measured 1-18%
+optimistic):
 
 * ``warm`` (the old ``isolated``): nothing between runs; everything stays cached;
 * ``flush`` (the old ``cache_flush``): before every timed run, a read-modify-write over a buffer

@@ -443,7 +443,7 @@ def _flatbuffer_ops(tflite: bytes) -> list[str]:
 
 
 def _without_peephole(monkeypatch: pytest.MonkeyPatch, model: onnx.ModelProto) -> list[str]:
-    from runners import tflite as tc
+    from runners.tflite import peephole as tc
 
     with monkeypatch.context() as mp:
         mp.setattr(tc._TransposeOptimiser, "run", lambda self: None)

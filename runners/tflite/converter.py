@@ -1,0 +1,47 @@
+"""The entry point: `convert` runs check and lowering, the peephole, quantisation, writing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from collage_farm.core.graph import DataflowGraph, load_graph
+from runners.tflite.flatbuffer import _serialise
+from runners.tflite.lower import _Lowering
+from runners.tflite.peephole import _TransposeOptimiser
+from runners.tflite.quant import resolve_qparams
+from runners.tflite.result import ConvertedModel
+
+if TYPE_CHECKING:
+    import onnx
+
+
+def convert(
+    model: bytes | onnx.ModelProto | DataflowGraph,
+    mode: str = "int8",
+    tensor_ranges: Mapping[str, tuple[float, float]] | Sequence[tuple[str, float, float]]
+    | None = None,
+) -> ConvertedModel:
+    """Convert a standalone ONNX (sub-)model to TFLite.
+
+    ``mode``: ``"int8"`` (full-integer; needs ``tensor_ranges`` for every graph input and every
+    node output that survives fusion) or ``"fp32"``. ``tensor_ranges`` maps ONNX tensor names to
+    calibrated (min, max), as a mapping or as ``BuildInput.tensor_ranges`` triples.
+
+    Raises `UnsupportedOp` for a node `convertible` refuses, `MissingRangeError` when a range
+    is missing, `ConversionError` for anything else the writer cannot express.
+    """
+    graph = model if isinstance(model, DataflowGraph) else load_graph(model)
+    ranges: dict[str, tuple[float, float]]
+    if tensor_ranges is None:
+        ranges = {}
+    elif isinstance(tensor_ranges, Mapping):
+        ranges = {k: (float(v[0]), float(v[1])) for k, v in tensor_ranges.items()}
+    else:
+        ranges = {k: (float(lo), float(hi)) for k, lo, hi in tensor_ranges}
+    lowering = _Lowering(graph, mode, ranges)
+    lowering.run()
+    if mode == "fp32":
+        _TransposeOptimiser(lowering).run()
+    q = resolve_qparams(lowering) if mode == "int8" else {}
+    return _serialise(lowering, q)
