@@ -38,7 +38,7 @@ from collage_farm.core.cost import Cost
 from collage_farm.core.graph import DataflowGraph, Node, OpKind
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
-from estimators.base import CostEstimator, EstimatorStats
+from estimators.base import CostEstimator, EstimatorKind, EstimatorStats
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,7 @@ class AnalyticEstimator(CostEstimator):
     """
 
     label = "analytic"
+    kind = EstimatorKind.ANALYTIC
     has_lower_bound = True
 
     def __init__(

@@ -15,6 +15,7 @@ from collage_farm.core.cost import Cost
 from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import BUILTIN_TARGETS, CPU0, Target
+from collage_farm.costtable import TableStore
 from estimators.analytic import FAST_CONV_FACTOR, AnalyticEstimator, node_flops, sub_graph_work
 from estimators.mock import MockEstimator
 from estimators.table import MissingCostsError, TableEstimator
@@ -226,7 +227,7 @@ def test_table_estimator_hits_misses_and_analytic(tmp_path: Path, tiny: Dataflow
     _write_rows(table, have, 2e-4)
     _write_rows(table, failed, status="build_failed")
 
-    est = TableEstimator(table)
+    est = TableEstimator(TableStore.existing(table))
     got = est.estimate(have + failed)
     assert [c.seconds for c in got[:2]] == [pytest.approx(2e-4)] * 2
     assert got[2].is_invalid
@@ -238,13 +239,13 @@ def test_table_estimator_hits_misses_and_analytic(tmp_path: Path, tiny: Dataflow
     assert "2 candidate cost(s) are not in the cost table" in text
     assert "--allow-analytic" in text and missing[0].label() in text
 
-    coll = TableEstimator(table, on_missing="collect")
+    coll = TableEstimator(TableStore.existing(table), on_missing="collect")
     out = coll.estimate(have + missing)
     assert out[2].is_unknown and len(coll.missing) == 2
     with pytest.raises(MissingCostsError):
         coll.check()
 
-    an = TableEstimator(table, allow_analytic=True)
+    an = TableEstimator(TableStore.existing(table), allow_analytic=True)
     out = an.estimate(have + missing)
     assert all(c.is_known for c in out)
     assert an.label == "table+analytic"
@@ -256,7 +257,7 @@ def test_table_estimator_hits_misses_and_analytic(tmp_path: Path, tiny: Dataflow
 
 def test_table_estimator_missing_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        TableEstimator(tmp_path / "nope")
+        TableEstimator(TableStore.existing(tmp_path / "nope"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -309,10 +310,10 @@ def test_offline_campaign_filters_rows_by_mode_only_when_asked(tmp_path: Path,
                                  op_types=["Conv"]))
     base = dict(model="unused", targets=(ORT,), out=tmp_path / "o", estimator="offline",
                 cost_table=tmp_path / "t", strictness="any")
-    est = make_estimator(TuneOptions(**base), tiny)
-    assert isinstance(est, TableEstimator) and est.mode is None
+    est, writer = make_estimator(TuneOptions(**base), tiny)
+    assert isinstance(est, TableEstimator) and est.mode is None and writer is None
     assert est.estimate([c])[0].seconds == pytest.approx(1e-3)
-    est = make_estimator(TuneOptions(**base, measure_mode="network"), tiny)
+    est, _ = make_estimator(TuneOptions(**base, measure_mode="network"), tiny)
     assert isinstance(est, TableEstimator) and est.mode == "network"
     with pytest.raises(MissingCostsError):
         est.estimate([c])
