@@ -113,11 +113,14 @@ class _Columns:
 
     def matches(self, i: int) -> bool:
         """Row ``i`` passes the per-target device / version constraints and the mode."""
-        for values, want_by_key in ((self.dev, self.dev_map), (self.ver, self.ver_map)):
-            if want_by_key is not None and values is not None:
-                want = want_by_key.get(self.tk[i])
-                if want is not None and values[i] != want:
-                    return False
+        if self.dev_map is not None and self.dev is not None:
+            want = self.dev_map.get(self.tk[i])
+            if want is not None and self.dev[i] != want:
+                return False
+        if self.ver_map is not None and self.ver is not None:
+            want = self.ver_map.get(self.tk[i])
+            if want is not None and self.ver[i] != want:
+                return False
         if self.cfg is not None and self.kinds is not None and self.st[i] == "ok" \
                 and self.kinds[i] == "measured":
             m = self._modes.get(self.cfg[i])
