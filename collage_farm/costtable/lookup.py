@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -169,39 +170,51 @@ def _pick(cols: _Columns, wanted: set[LookupKey], retry: RetryPolicy
     return {k: i for k, (_rank, i) in best.items()}, bad_median
 
 
-def lookup_rows(
-    table: pa.Table,
-    keys: Iterable[tuple[str, str]],
-    device: Constraint = None,
-    toolchain_version: Constraint = None,
-    strictness: Strictness | str = Strictness.EXACT,
-    mode: str | None = None,
-    retry: RetryPolicy | str = RetryPolicy.NONE,
-    *,
-    where: str = "",
-) -> dict[LookupKey, CostRow]:
-    """The row each ``(fingerprint, target_key)`` of ``table`` should use (module docstring);
-    keys without a matching row are absent. ``where`` names the table in warnings."""
-    want_mode = canonical_mode(mode) if mode is not None else None
-    strict = Strictness.parse(strictness)
-    policy = RetryPolicy.parse(retry)
-    wanted = {(str(f), str(k)) for f, k in keys}
-    if not wanted:
-        return {}
-    if strict is Strictness.ANY:
-        device = toolchain_version = None
-    elif strict is Strictness.DEVICE:
-        toolchain_version = None
-    sub = _candidate_rows(table, wanted, device, toolchain_version)
-    if sub.num_rows == 0:
-        return {}
-    best, bad_median = _pick(_Columns(sub, device, toolchain_version, want_mode), wanted,
-                             policy)
-    if bad_median:
-        warnings.warn(f"cost table {where}: {bad_median} ok row(s) with a missing, NaN, "
-                      "infinite or negative median ignored", CostTableWarning, stacklevel=3)
-    if not best:
-        return {}
-    order = list(best)
-    picked = sub.take(pa.array([best[k] for k in order], pa.int64()))
-    return dict(zip(order, rows_from_table(picked)))
+@dataclass(frozen=True)
+class LookupRule:
+    """Which stored rows may answer a lookup (module docstring), as one value.
+
+    ``mode`` is any `MeasureConfig` mode name (None: any mode; kept canonical); an unknown
+    mode, strictness or retry raises ValueError. What ``strictness`` does not constrain is
+    dropped: ``ANY`` ignores ``device`` and ``toolchain_version``, ``DEVICE`` ignores
+    ``toolchain_version``.
+    """
+
+    strictness: Strictness = Strictness.EXACT
+    retry: RetryPolicy = RetryPolicy.NONE
+    mode: str | None = None  # canonical after construction
+    # one value for every target key, or one per target key; None: not constrained
+    device: Constraint = None
+    toolchain_version: Constraint = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None:
+            object.__setattr__(self, "mode", canonical_mode(self.mode))
+        strict = Strictness.parse(self.strictness)
+        object.__setattr__(self, "strictness", strict)
+        object.__setattr__(self, "retry", RetryPolicy.parse(self.retry))
+        if strict is Strictness.ANY:
+            object.__setattr__(self, "device", None)
+        if strict is not Strictness.EXACT:
+            object.__setattr__(self, "toolchain_version", None)
+
+    def answer(self, table: pa.Table, keys: Iterable[tuple[str, str]], *, where: str = ""
+               ) -> dict[LookupKey, CostRow]:
+        """The row each ``(fingerprint, target_key)`` of ``table`` should use; keys without a
+        matching row are absent. ``where`` names the table in warnings."""
+        wanted = {(str(f), str(k)) for f, k in keys}
+        if not wanted:
+            return {}
+        sub = _candidate_rows(table, wanted, self.device, self.toolchain_version)
+        if sub.num_rows == 0:
+            return {}
+        cols = _Columns(sub, self.device, self.toolchain_version, self.mode)
+        best, bad_median = _pick(cols, wanted, self.retry)
+        if bad_median:
+            warnings.warn(f"cost table {where}: {bad_median} ok row(s) with a missing, NaN, "
+                          "infinite or negative median ignored", CostTableWarning, stacklevel=3)
+        if not best:
+            return {}
+        order = list(best)
+        picked = sub.take(pa.array([best[k] for k in order], pa.int64()))
+        return dict(zip(order, rows_from_table(picked)))

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from collage_farm.costtable.errors import CostTableError, CostTableWarning
-from collage_farm.costtable.lookup import Constraint, lookup_rows
+from collage_farm.costtable.lookup import Constraint, LookupRule
 from collage_farm.costtable.parts import COMPACT_TAG, is_part
 from collage_farm.costtable.query import duckdb_view, run_query, summarize
 from collage_farm.costtable.rows import CostRow, rows_from_table
@@ -315,8 +315,10 @@ class CostTable:
         absent so that a caller that can measure does so. ``mode`` (a `MeasureConfig` mode):
         an ok *measured* row answers only when it was taken in that mode.
         """
-        return lookup_rows(self.table_of(self.snapshot()), keys, device, toolchain_version,
-                           strictness, mode, retry, where=str(self.path))
+        rule = LookupRule(strictness=Strictness.parse(strictness),
+                          retry=RetryPolicy.parse(retry), mode=mode, device=device,
+                          toolchain_version=toolchain_version)
+        return rule.answer(self.table_of(self.snapshot()), keys, where=str(self.path))
 
     # -- summaries and SQL (collage_farm.costtable.query)
     def summary(self) -> dict[str, Any]:
