@@ -163,6 +163,7 @@ def main() -> int:
         tnames.append("litert-cpu")
     targets = parse_targets(",".join(tnames))
 
+    from collage_farm.costtable import TableStore
     from collage_farm.execute import ort_multi_ep
     from collage_farm.farm import Farm
     from estimators.measured import FarmEstimator
@@ -185,7 +186,7 @@ def main() -> int:
 
             onnx.save(model, str(path))
             multi, note = ort_multi_ep(str(path))
-            est = FarmEstimator(farm, args.cost_table, model=label, close_farm=False,
+            est = FarmEstimator(farm, TableStore(args.cost_table), model=label, close_farm=False,
                                 measure_config=MeasureConfig(mode=args.measure_mode))
             tc = time.perf_counter()
             try:

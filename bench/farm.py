@@ -41,6 +41,7 @@ from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.graph import load_graph
 from collage_farm.core.rules import RuleOptions, all_candidates
 from collage_farm.core.target import CPU0, Target, parse_targets
+from collage_farm.costtable import TableStore
 from collage_farm.farm import Farm
 from estimators.measured import FarmEstimator
 from runners.base import BuildInput, MeasureConfig, MeasureRequest
@@ -182,7 +183,7 @@ def bench_scaling(model: str, image_size: int, depth: int, n_cores: int, table_r
     for runners in sorted({1, n_cores}):
         table = table_root / f"scale-{runners}"
         farm = Farm.start(toolchains=["ort-cpu"], max_runners=runners, progress=False)
-        est = FarmEstimator(farm, table, campaign_id=f"scale{runners}", model=model,
+        est = FarmEstimator(farm, TableStore(table, campaign_id=f"scale{runners}"), model=model,
                             close_farm=False)
         b0 = busy(farm)
         t0 = time.perf_counter()
@@ -191,7 +192,7 @@ def bench_scaling(model: str, image_size: int, depth: int, n_cores: int, table_r
         b1 = busy(farm)
         est.close()
         # cache-hit re-run on the filled table
-        est2 = FarmEstimator(farm, table, campaign_id=f"rerun{runners}", model=model,
+        est2 = FarmEstimator(farm, TableStore(table, campaign_id=f"rerun{runners}"), model=model,
                              close_farm=False)
         t1 = time.perf_counter()
         est2.estimate(todo)
@@ -240,7 +241,7 @@ def bench_pruning(model: str, image_size: int, depth: int, table_root: Path,
     rows = []
     for prune in (False, True):
         table = table_root / f"prune-{prune}"
-        est = FarmEstimator(farm, table, campaign_id=f"prune{prune}", model=model,
+        est = FarmEstimator(farm, TableStore(table, campaign_id=f"prune{prune}"), model=model,
                             close_farm=False, prune=prune)
         t0 = time.perf_counter()
         r = search(g, cands, est, lazy=prune)

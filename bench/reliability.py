@@ -113,11 +113,13 @@ def table_check(table: Path, expect: set[str]) -> dict[str, Any]:
 
 def run_campaign(farm: Any, cands: list, table: Path, campaign: str, **kw: Any
                  ) -> dict[str, Any]:
+    from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
 
     sampler = Sampler(farm.progress)
     t0 = time.perf_counter()
-    est = FarmEstimator(farm, table, campaign_id=campaign, model="bench", close_farm=False,
+    est = FarmEstimator(farm, TableStore(table, campaign_id=campaign),
+                        model="bench", close_farm=False,
                         measure_config=FAST, **kw)
     costs = est.estimate(cands)
     est.close()
@@ -156,10 +158,12 @@ sys.path.insert(0, {repo!r})
 sys.path.insert(0, {bench!r})
 from reliability import FAST, null_candidates
 from collage_farm.farm import Farm
+from collage_farm.costtable import TableStore
 from estimators.measured import FarmEstimator
 farm = Farm.start(None, num_cpus=1, toolchains=["null"], progress=False)
 cands = null_candidates({nodes}, {depth}, seed={seed})
-est = FarmEstimator(farm, {table!r}, campaign_id={name!r}, model="bench", measure_config=FAST)
+est = FarmEstimator(farm, TableStore({table!r}, campaign_id={name!r}),
+                    model="bench", measure_config=FAST)
 est.estimate(cands)
 est.close()
 st = est.stats()

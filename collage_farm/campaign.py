@@ -49,7 +49,7 @@ from collage_farm.core.rules import PartitionSpec, RuleOptions, all_candidates, 
 from collage_farm.core.search import NoCoverError, SearchResult, search
 from collage_farm.core.target import CPU0, Target
 from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel, WithCutCosts
-from collage_farm.costtable import CostTable, CostTableWriter, check_writable
+from collage_farm.costtable import CostTable, CostTableWriter, TableStore, check_writable
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
@@ -61,6 +61,7 @@ from collage_farm.zoo import packaged
 from estimators.base import CostEstimator
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
+from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
 from runners.calibration import calibrate
@@ -167,34 +168,36 @@ def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
 def make_estimator(opts: TuneOptions, graph: DataflowGraph
                    ) -> tuple[CostEstimator, CostTableWriter | None]:
     """The campaign's estimator, and for a farm campaign the campaign's one writer on its cost
-    table (the estimator's; the campaign appends its transition and cut-cost rows to it too).
-    The writer is opened only once Ray is up, so a campaign refused before measuring leaves no
-    table directory behind."""
+    table (its store's, closed with the estimator; the campaign appends its transition and
+    cut-cost rows to it too). The writer is opened only once Ray is up, so a campaign refused
+    before measuring leaves no table directory behind."""
     if opts.estimator == "mock":
         return MockEstimator(), None
     if opts.estimator == "offline":
         if opts.cost_table is None:
             raise ValueError("--offline needs --cost-table DIR")
-        return TableEstimator(opts.cost_table, allow_analytic=opts.allow_analytic,
-                              strictness=opts.strictness, mode=opts.measure_mode or None), None
+        return TableEstimator(TableStore.existing(opts.cost_table),
+                              allow_analytic=opts.allow_analytic,
+                              strictness=Strictness.parse(opts.strictness),
+                              mode=opts.measure_mode or None), None
     if opts.estimator == "farm":
         table = campaign_table(opts)
         assert table is not None
         check_writable(table)  # before Ray starts: an unwritable table costs no measurements
         farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
                           num_cpus=opts.num_cpus)
+        store = TableStore(table, campaign_id=opts.campaign_id)
         est = FarmEstimator(
             farm,
-            table,
-            campaign_id=opts.campaign_id,
+            store,
             model=graph.name,
             measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
             tensor_ranges_for=tensor_ranges_provider(graph, opts.targets),
             prune=opts.prune,
-            strictness=opts.strictness,
-            retry="all" if opts.retry_failed else "transient",
+            strictness=Strictness.parse(opts.strictness),
+            retry=RetryPolicy.ALL if opts.retry_failed else RetryPolicy.TRANSIENT,
         )
-        return est, est.writer
+        return est, store.writer
     raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
 
 
@@ -206,7 +209,8 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
     farm campaign that built its own estimator (``measure``) measures the missing transition
     rows on this machine first (`collage_farm.probes.transitions.measured_transition_model`)
     and appends them to ``writer``; an offline campaign reuses the table's rows; mock campaigns
-    keep the given model.
+    keep the given model. Rows are those of the estimator's measure mode (`measure_mode`) when
+    it measures, else of the default mode.
     """
     fallback = opts.transition or AnalyticTransitionModel()
     table = campaign_table(opts)
@@ -214,7 +218,7 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
         return fallback
     if not measure and not Path(table).is_dir():
         return fallback
-    config = getattr(est, "config", None)
+    config = MeasureConfig(mode=est.measure_mode) if est.measure_mode else None
     try:
         return measured_transition_model(
             CostTable(table), opts.targets, writer=writer,
@@ -305,18 +309,18 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
         cut_info: dict | None = None
-        if opts.cut_costs and est.label in ("farm", "table", "table+analytic"):
+        if opts.cut_costs and est.kind.reads_table:
             # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
             transition, cut_info = with_cut_costs(graph, opts.targets, transition,
                                                   table, campaign_id,
-                                                  measure=est.label == "farm", writer=writer)
+                                                  measure=est.kind.measures, writer=writer)
         lazy = bool(opts.prune and est.has_lower_bound)
         try:
             result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
         except NoCoverError as e:
             raise _with_reasons(e, candidates, est) from None
         first_estimate_s, first_search_s = result.total_s, result.search_s
-        measured = est.label == "farm"  # costs measured on runners, not mock/table/analytic
+        measured = est.kind.measures  # costs measured on runners, not mock/table/analytic
         confirm_info: dict | None = None
         if measured and opts.confirm_rounds > 0:
             result, confirm_info = confirm(graph, candidates, est, transition, result,
@@ -353,8 +357,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "model": graph.name,
         "campaign_id": campaign_id,
         "estimator": est.label,
-        "measure_mode": (getattr(getattr(est, "config", None), "mode", None)
-                         or opts.measure_mode or "any"),
+        "measure_mode": est.measure_mode or opts.measure_mode or "any",
         "targets": [t.id for t in opts.targets],
         "nodes": len(graph.nodes),
         "candidates": len(candidates),
@@ -389,7 +392,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     else:
         summary["verify"] = (
             f"skipped: costs from {est.label} are not measurements on this machine; run "
-            f"`collage-farm run {opts.out}` to measure the plan" if est.label != "farm"
+            f"`collage-farm run {opts.out}` to measure the plan" if not est.kind.measures
             else "skipped (--no-verify, --refine-trials 0)")
     if opts.report:
         try:

@@ -38,7 +38,7 @@ from collage_farm.core.cost import Cost
 from collage_farm.core.graph import DataflowGraph, Node, OpKind
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
-from estimators.base import CostEstimator, EstimatorStats
+from estimators.base import CostEstimator, EstimatorKind, EstimatorStats
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ class DevicePeak:
 #: * ``cpu`` (per thread): 5 GHz x 2 AVX-512 FMA units x 16 fp32 lanes x 2 = 320 GFLOP/s, rounded
 #:   up to 400 GFLOP/s (int8 VNNI reaches 4x fp32, so int8 sub-graphs get ``int8_speedup``);
 #:   600 GB/s is L1 load bandwidth at 5 GHz (2 x 64 B/cycle), above any L2/DRAM stream; a call
-#:   into ONNX Runtime / OpenVINO costs >= 3 us (FIELD-NOTES), the floor is 1 us.
+#:   into ONNX Runtime / OpenVINO costs >= 3 us (as measured on this project's CPU runners),
+#:   the floor is 1 us.
 #: * ``cuda``: 2,000 TFLOP/s is H100/H200 dense FP8 tensor-core peak (FP16 is half of it);
 #:   12 TB/s is above H200 HBM3e (4.8 TB/s) and near L2 bandwidth; a kernel launch is >= 2 us,
 #:   the floor is 1 us.
@@ -228,6 +229,7 @@ class AnalyticEstimator(CostEstimator):
     """
 
     label = "analytic"
+    kind = EstimatorKind.ANALYTIC
     has_lower_bound = True
 
     def __init__(

@@ -4,15 +4,19 @@ Why this shape: measurements are the expensive part of a campaign (seconds each,
 candidates), so the estimator does as little of them as it can and loses none of them:
 
 1. **Dedupe** a batch by fingerprint: repeated layers share one measurement.
-2. **Table first**: ask the cost table (`CostTable.lookup`) for every fingerprint not yet known,
-   keyed by the device and toolchain version the farm's runners report (so a table measured
+2. **Store first**: ask the `CostStore` (the cost table) for every fingerprint not yet known,
+   keyed by the device and toolchain version the service's runners report (so a table measured
    on another machine or toolchain version is not silently reused, unless ``strictness`` says
    so). Hits are cache hits; a known failure is not measured again.
-3. **Measure the rest** on the farm (`Farm.measure`), building each request lazily: the
-   sub-graph is extracted only when a runner is about to need it.
-4. **Write every result row as it arrives** (a `CostTableWriter` flushes within ~2 s), so a
-   campaign killed with ``kill -9`` loses at most its last seconds of measurements and a re-run
-   measures nothing already measured.
+3. **Measure the rest** through the `MeasurementService` (the farm), building each request
+   lazily: the sub-graph is extracted only when a runner is about to need it.
+4. **Record every result as it arrives** (`CostStore.record`; the cost table's writer flushes
+   within ~2 s), so a campaign killed with ``kill -9`` loses at most its last seconds of
+   measurements and a re-run measures nothing already measured.
+
+The estimator knows only the two contracts of `estimators.sources`: the farm
+(``collage_farm.farm.Farm``) and the cost table (``collage_farm.costtable.TableStore``)
+implement them, and a test may hand it any other implementation.
 
 A failed measurement (any status but ok) answers `Cost.invalid()`. Results the farm itself
 produced because no runner serves a toolchain (``details`` ``farm=no_runner``) answer invalid
@@ -31,18 +35,17 @@ answered invalid because of a failure (cached or fresh) with ``failed_by_status`
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from estimators.analytic import AnalyticEstimator
-from estimators.base import CostEstimator, EstimatorStats
+from estimators.base import CostEstimator, EstimatorKind, EstimatorStats
+from estimators.sources import CostStore, MeasurementService, RetryPolicy, Strictness
 from runners.base import (
     CANDIDATE_MODE,
     FARM_DETAIL,
@@ -53,17 +56,11 @@ from runners.base import (
     Status,
 )
 
-#: details key of a cost-table row written by `FarmEstimator.remeasure`
-CONFIRM_DETAIL = "confirmation"
 #: a re-measurement whose round medians vary more than this (coefficient of variation) is used
 #: but not marked as a confirmation, so a later campaign measures it again. On this 2-core VM,
 #: 11 of 12 whole-model re-measurements taken while a CPU hog loaded it had cv 0.14-0.80 (and
 #: ran up to 2.9x slow); one had cv 0.086 and still ran 2.7x slow: a guard, not a guarantee
 CONFIRM_MAX_CV = 0.10
-
-if TYPE_CHECKING:
-    from collage_farm.costtable import CostTable, CostTableWriter
-    from collage_farm.farm import Farm
 
 
 def _steady(res: MeasureResult) -> bool:
@@ -104,56 +101,42 @@ def _ranges(value: Any) -> TensorRanges:
 
 
 class FarmEstimator(CostEstimator):
-    """Cost table first, farm for the rest, rows written as results arrive.
+    """Cost store first, the measurement service for the rest, results recorded as they arrive.
 
-    ``table``: a cost-table directory path, a `CostTable` or a `CostTableWriter` (the
-    estimator opens and closes what it creates). ``close_farm``: `close` also closes the farm
-    (the estimator then owns it, as `collage_farm.campaign` does). ``retry``: which failed
-    rows are measured again instead of answering (`collage_farm.costtable.RETRY`; by default
-    a timeout or crash seen fewer than `TRANSIENT_ATTEMPTS` times).
+    ``farm``: the `MeasurementService` that measures. ``store``: the `CostStore` looked up
+    first and recorded into; `close` closes it (a store on the campaign's shared writer only
+    flushes it). ``close_farm``: `close` also closes the service (the estimator then owns it,
+    as `collage_farm.campaign` does). ``retry``: which failed rows are measured again instead
+    of answering (`RetryPolicy` or its spelling; by default `RetryPolicy.TRANSIENT`: a timeout
+    or crash seen fewer than the store's transient-attempt limit).
     """
 
     label = "farm"
+    kind = EstimatorKind.FARM
 
     def __init__(
         self,
-        farm: Farm,
-        table: str | os.PathLike[str] | CostTable | CostTableWriter,
+        farm: MeasurementService,
+        store: CostStore,
         *,
-        campaign_id: str = "",
         model: str = "",
         tensor_ranges_for: RangesFor | None = None,
         measure_config: MeasureConfig | None = None,
         prune: bool = True,
-        strictness: str = "exact",
+        strictness: Strictness | str = Strictness.EXACT,
         bound: CostEstimator | None = None,
         close_farm: bool = True,
-        retry: str = "transient",
+        retry: RetryPolicy | str = RetryPolicy.TRANSIENT,
     ) -> None:
-        from collage_farm.costtable import RETRY, CostTable, CostTableWriter
-
-        if retry not in RETRY:
-            raise ValueError(f"retry must be one of {RETRY}, not {retry!r}")
-        self.retry = retry
+        self.retry = RetryPolicy.parse(retry)
+        self.strictness = Strictness.parse(strictness)
         self.farm = farm
-        self.campaign_id = campaign_id
+        self.store = store
         self.model = model
         self.tensor_ranges_for = tensor_ranges_for
         # candidates are timed inside their network unless told otherwise (runners.measure)
         self.config = measure_config or MeasureConfig(mode=CANDIDATE_MODE)
-        self.strictness = strictness
         self.close_farm = close_farm
-        self._own_writer = True
-        if isinstance(table, CostTableWriter):
-            self.writer = table
-            self.table = CostTable(table.path)
-            self._own_writer = False
-        elif isinstance(table, CostTable):
-            self.table = table
-            self.writer = table.writer(campaign_id=campaign_id)
-        else:
-            self.table = CostTable(table)
-            self.writer = CostTableWriter(table, campaign_id=campaign_id)
         self.bound = bound or AnalyticEstimator(threads=self.config.threads)
         self.has_lower_bound = bool(prune)
         self._memo: dict[str, Cost] = {}
@@ -167,6 +150,10 @@ class FarmEstimator(CostEstimator):
         self._closed = False
 
     # --- CostEstimator -------------------------------------------------------------------
+    @property
+    def measure_mode(self) -> str | None:
+        return self.config.mode
+
     def lower_bound(self, candidate: CandidatePartition) -> Cost:
         self._lb_asked.add(candidate.fingerprint)
         return self.bound.lower_bound(candidate)
@@ -215,19 +202,16 @@ class FarmEstimator(CostEstimator):
         )
 
     def flush(self) -> None:
-        self.writer.flush()
+        self.store.flush()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            if self._own_writer:
-                self.writer.close()
-            else:
-                self.writer.flush()
+            self.store.close()
         finally:
-            self.farm.progress.close()
+            self.farm.finish()
             if self.close_farm:
                 self.farm.close()
 
@@ -257,18 +241,14 @@ class FarmEstimator(CostEstimator):
     def _resolve(self, cands: dict[str, CandidatePartition]) -> None:
         devices, versions = self._lookup_keys(cands)
         keys = [(fp, c.target.measure_key) for fp, c in cands.items()]
-        hits = self.table.lookup(keys, device=devices, toolchain_version=versions,
+        hits = self.store.lookup(keys, device=devices, toolchain_version=versions,
                                  strictness=self.strictness, mode=self.config.measure_mode,
                                  retry=self.retry)
         for (fp, _key), row in hits.items():
             self._memo[fp] = row.cost
             self._cache_hits += 1
-            if row.ok and CONFIRM_DETAIL in (row.details or ""):
-                try:
-                    if json.loads(row.details).get(CONFIRM_DETAIL):
-                        self._confirmed.add(fp)
-                except ValueError:  # an unreadable details string: not a confirmation
-                    pass
+            if row.confirmed:
+                self._confirmed.add(fp)
             if not row.ok:
                 self._failed[row.status] = self._failed.get(row.status, 0) + 1
                 self._why[fp] = f"{row.status}: {row.error}"
@@ -276,7 +256,7 @@ class FarmEstimator(CostEstimator):
         kinds: dict[str, int] = {}
         for c in missing.values():
             kinds[c.target.device.kind] = kinds.get(c.target.device.kind, 0) + 1
-        self.farm.progress.add(total=len(cands), hits=len(cands) - len(missing), kinds=kinds)
+        self.farm.expect(len(cands), hits=len(cands) - len(missing), kinds=kinds)
         if not missing:
             return
         log.debug("farm estimator: %d distinct, %d from the table, %d to measure",
@@ -284,7 +264,7 @@ class FarmEstimator(CostEstimator):
         try:
             self._measure(missing)
         finally:  # requests that could not be built never come back: not left for the ETA
-            self.farm.progress.settle()
+            self.farm.settle()
         for fp in missing:  # requests the generator could not build (extraction failed)
             self._memo.setdefault(fp, Cost.invalid())
 
@@ -327,16 +307,11 @@ class FarmEstimator(CostEstimator):
 
     def _record(self, c: CandidatePartition, res: MeasureResult, *,
                 confirmation: bool = False) -> None:
-        from collage_farm.costtable import row_from_result, to_json
-
         fp = c.fingerprint
         farm_made = dict(res.details).get(FARM_DETAIL) == "no_runner"
-        if not farm_made:
-            row = row_from_result(res, campaign_id=self.campaign_id, model=self.model,
-                                  nodes=c.node_names, op_types=c.op_types)
-            if confirmation:  # a later campaign need not re-measure it again
-                row["details"] = to_json({**dict(res.details), CONFIRM_DETAIL: "1"})
-            self.writer.append(row)
+        if not farm_made:  # a later campaign need not re-measure a confirmation again
+            self.store.record(res, model=self.model, nodes=c.node_names, op_types=c.op_types,
+                              confirmation=confirmation)
             self._measured += 1
         if res.status is Status.OK:
             self._memo[fp] = Cost(res.seconds)

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from estimators.analytic import node_flops
-from estimators.base import CostEstimator, EstimatorStats
+from estimators.base import CostEstimator, EstimatorKind, EstimatorStats
 
 
 def _unit(*parts: object) -> float:
@@ -39,6 +39,7 @@ class MockEstimator(CostEstimator):
     """Deterministic fake costs from structure (see the module docstring)."""
 
     label = "mock"
+    kind = EstimatorKind.MOCK
     has_lower_bound = True
 
     def __init__(

@@ -18,6 +18,7 @@ import abc
 import enum
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from collage_farm.core.cost import Cost
 from collage_farm.core.target import Target
@@ -37,6 +38,11 @@ class Strictness(str, enum.Enum):
     DEVICE = "device"
     ANY = "any"
 
+    @classmethod
+    def parse(cls, value: Strictness | str) -> Strictness:
+        """The member spelled ``value``; ValueError names the spellings."""
+        return _parse(cls, "strictness", value)
+
 
 class RetryPolicy(str, enum.Enum):
     """Which failed rows a lookup passes over, so that a caller that can measure does so.
@@ -50,6 +56,22 @@ class RetryPolicy(str, enum.Enum):
     NONE = "none"
     TRANSIENT = "transient"
     ALL = "all"
+
+    @classmethod
+    def parse(cls, value: RetryPolicy | str) -> RetryPolicy:
+        """The member spelled ``value``; ValueError names the spellings."""
+        return _parse(cls, "retry", value)
+
+
+_E = TypeVar("_E", Strictness, RetryPolicy)
+
+
+def _parse(cls: type[_E], what: str, value: _E | str) -> _E:
+    try:
+        return cls(value)
+    except ValueError:
+        spellings = tuple(m.value for m in cls)
+        raise ValueError(f"{what} must be one of {spellings}, not {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -132,9 +154,10 @@ class MeasurementService(abc.ABC):
     * `describe` gives the device description and toolchain version a runner serving the target
       would stamp on its rows (the store's lookup key on this service), or None when nothing
       serves the target.
-    * `expect` / `settle` feed the progress display: ``total`` candidates asked, ``hits``
-      answered without measuring, ``kinds`` the device kinds of the rest; `settle` drops what
-      was expected but will not come (requests that could not be built).
+    * `expect` / `settle` / `finish` feed the progress display: ``total`` candidates asked,
+      ``hits`` answered without measuring, ``kinds`` the device kinds of the rest; `settle`
+      drops what was expected but will not come (requests that could not be built); `finish`
+      ends one caller's share (the display shows its final state).
     * `close` releases runners; idempotent.
     """
 
@@ -152,6 +175,10 @@ class MeasurementService(abc.ABC):
 
     def settle(self) -> None:  # noqa: B027 - optional progress hook
         """Progress: forget expected results that will not come."""
+
+    def finish(self) -> None:  # noqa: B027 - optional progress hook
+        """Progress: this caller's work is over; show the final state (the service may go on
+        serving other callers)."""
 
     @abc.abstractmethod
     def close(self) -> None:

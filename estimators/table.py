@@ -13,10 +13,11 @@ does not hold is either
   `stats().analytic`, `source(candidate) == "analytic"` and the label ``table+analytic``
   make sure such costs are never shown as measurements.
 
-Lookups follow `CostTable.lookup`'s rule (newest ok row; a known failure answers invalid).
-``device`` / ``toolchain_version`` (a string, or a mapping from ``Target.measure_key``)
-constrain the rows under ``strictness`` ``exact`` / ``device``; unset, any device's rows serve
-(the usual offline case: this machine is not the one that measured).
+The costs come from a `CostStore` (`estimators.sources`; the Parquet cost table implements it
+as ``collage_farm.costtable.TableStore``), whose lookup rule answers (newest ok row; a known
+failure answers invalid). ``device`` / ``toolchain_version`` (a string, or a mapping from
+``Target.measure_key``) constrain the rows under `Strictness` ``EXACT`` / ``DEVICE``; unset,
+any device's rows serve (the usual offline case: this machine is not the one that measured).
 
 Lower bounds come from the analytic roofline, so the lazy search asks the table only for
 candidates that can still win: fewer lookups, and fewer "missing" costs that would not have
@@ -25,18 +26,14 @@ mattered.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from estimators.analytic import AnalyticEstimator
-from estimators.base import CostEstimator, EstimatorStats
-
-if TYPE_CHECKING:
-    from collage_farm.costtable import CostTable
+from estimators.base import CostEstimator, EstimatorKind, EstimatorStats
+from estimators.sources import CostStore, Strictness
 
 
 @dataclass(frozen=True)
@@ -56,10 +53,12 @@ class MissingCost:
 class MissingCostsError(LookupError):
     """Costs the cost table does not hold; ``missing`` lists them."""
 
-    def __init__(self, missing: Sequence[MissingCost], table: str = "", strictness: str = "exact",
-                 show: int = 20) -> None:
+    def __init__(self, missing: Sequence[MissingCost], table: str = "",
+                 strictness: Strictness | str = Strictness.EXACT, show: int = 20) -> None:
         self.missing = list(missing)
         self.table = table
+        if isinstance(strictness, Strictness):
+            strictness = strictness.value
         self.strictness = strictness
         lines = [f"{len(self.missing)} candidate cost(s) are not in the cost table "
                  f"{table or '?'} (strictness={strictness}):"]
@@ -76,14 +75,20 @@ class MissingCostsError(LookupError):
 
 
 class TableEstimator(CostEstimator):
-    """Costs from a cost table; missing costs raise, collect, or go to the analytic bound."""
+    """Costs from a cost store; missing costs raise, collect, or go to the analytic bound.
+
+    ``store``: where the costs are (`CostStore.describe` names it in errors); the estimator
+    only looks up, never records, and leaves closing the store to its owner.
+    """
+
+    kind = EstimatorKind.TABLE
 
     def __init__(
         self,
-        table: str | os.PathLike[str] | CostTable,
+        store: CostStore,
         *,
         allow_analytic: bool = False,
-        strictness: str = "exact",
+        strictness: Strictness | str = Strictness.EXACT,
         device: str | Mapping[str, str] | None = None,
         toolchain_version: str | Mapping[str, str] | None = None,
         on_missing: str = "raise",
@@ -91,21 +96,15 @@ class TableEstimator(CostEstimator):
         prune: bool = True,
         mode: str | None = None,
     ) -> None:
-        from collage_farm.costtable import STRICTNESS, CostTable
-
         if on_missing not in ("raise", "collect"):
             raise ValueError("on_missing must be 'raise' or 'collect'")
-        if strictness not in STRICTNESS:
-            raise ValueError(f"strictness must be one of {STRICTNESS}, not {strictness!r}")
-        self.table = table if isinstance(table, CostTable) else CostTable(table)
-        if not self.table.path.is_dir():
-            raise FileNotFoundError(f"cost table directory not found: {self.table.path}")
+        self.strictness = Strictness.parse(strictness)
+        self.store = store
         self.allow_analytic = allow_analytic
-        self.strictness = strictness
         self.device = device
         self.toolchain_version = toolchain_version
         self.on_missing = on_missing
-        self.mode = mode  # None: rows of any measurement mode (`CostTable.lookup`)
+        self.mode = mode  # None: rows of any measurement mode (`CostStore.lookup`)
         self.analytic = analytic or AnalyticEstimator()
         self.has_lower_bound = bool(prune)
         self.label = "table+analytic" if allow_analytic else "table"
@@ -125,7 +124,7 @@ class TableEstimator(CostEstimator):
     def check(self) -> None:
         """Raise `MissingCostsError` if any cost was found missing."""
         if self._missing:
-            raise MissingCostsError(self.missing, str(self.table.path), self.strictness)
+            raise MissingCostsError(self.missing, self.store.describe(), self.strictness)
 
     def source(self, candidate: CandidatePartition) -> str | None:
         """Where the candidate's cost came from: "table", "analytic", "missing" or None."""
@@ -143,7 +142,7 @@ class TableEstimator(CostEstimator):
                 first.setdefault(c.fingerprint, c)
         if first:
             keys = [(fp, c.target.measure_key) for fp, c in first.items()]
-            hits = self.table.lookup(keys, device=self.device,
+            hits = self.store.lookup(keys, device=self.device,
                                      toolchain_version=self.toolchain_version,
                                      strictness=self.strictness, mode=self.mode)
             missing: list[CandidatePartition] = []
@@ -166,7 +165,7 @@ class TableEstimator(CostEstimator):
                     found = [MissingCost(c.fingerprint, c.target.id, c.target.measure_key,
                                          c.label(), tuple(c.node_names)) for c in missing]
                     if self.on_missing == "raise":
-                        raise MissingCostsError(found, str(self.table.path), self.strictness)
+                        raise MissingCostsError(found, self.store.describe(), self.strictness)
                     for m, c in zip(found, missing):
                         self._missing[m.fingerprint] = m
                         self._memo[c.fingerprint] = Cost.unknown()

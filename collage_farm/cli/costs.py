@@ -25,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from collage_farm.costtable import CostTable, compact, export
+
 EXIT_USAGE = 2
 _MAX_CELL = 60
 
@@ -78,8 +80,6 @@ def run_costs(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace, directory: Path) -> int:
-    from collage_farm.costtable import CostTable, compact, export
-
     cmd = args.costs_cmd
     if cmd == "show":
         summary = CostTable(directory).summary()
@@ -89,7 +89,7 @@ def _dispatch(args: argparse.Namespace, directory: Path) -> int:
             print(format_summary(summary))
         return 0
     if cmd == "query":
-        import duckdb
+        import duckdb  # heavy (~0.2 s): only this subcommand needs it
 
         try:
             result = CostTable(directory).query(args.sql)

@@ -9,6 +9,7 @@ table answers what it knows, the farm measures the rest, an analytic bound answe
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,32 @@ class EstimatorStats:
     failed: int = 0  # answered invalid by a failure
 
 
+class EstimatorKind(enum.Enum):
+    """Where an estimator's costs come from; callers choose behaviour by it, never by `label`.
+
+    ``MOCK``: deterministic fake costs. ``ANALYTIC``: a formula (roofline). ``TABLE``: a cost
+    table measured earlier, possibly on another machine (offline). ``FARM``: measured on this
+    machine's runners now (the cost table first). ``OTHER``: anything else (a caller's own
+    estimator), treated like mock costs: not measurements, no table behind them.
+    """
+
+    MOCK = "mock"
+    ANALYTIC = "analytic"
+    TABLE = "table"
+    FARM = "farm"
+    OTHER = "other"
+
+    @property
+    def measures(self) -> bool:
+        """Its costs are measurements on this machine, and it can measure more."""
+        return self is EstimatorKind.FARM
+
+    @property
+    def reads_table(self) -> bool:
+        """Its costs come from a cost table (whose other rows, e.g. cut costs, apply too)."""
+        return self in (EstimatorKind.TABLE, EstimatorKind.FARM)
+
+
 class CostEstimator(abc.ABC):
     """Gives a `Cost` for each candidate partition.
 
@@ -39,12 +66,20 @@ class CostEstimator(abc.ABC):
     * Implementations may memoise by fingerprint; calling twice with the same candidates must
       not measure twice.
     * `label` says where costs come from ("mock", "table", "farm", "analytic"); every output
-      that shows costs names it, so mock costs are never mistaken for measurements.
+      that shows costs names it, so mock costs are never mistaken for measurements. It is for
+      display only: `kind` (an `EstimatorKind`) is what callers branch on.
     """
 
     label: str = "estimator"
+    kind: EstimatorKind = EstimatorKind.OTHER
     #: True when `lower_bound` is informative, so the search may evaluate edges lazily
     has_lower_bound: bool = False
+
+    @property
+    def measure_mode(self) -> str | None:
+        """The `runners.base.MeasureConfig` mode this estimator measures candidates in, as
+        configured (``"network"``, ``"warm"``...); None for estimators that do not measure."""
+        return None
 
     @abc.abstractmethod
     def estimate(self, candidates: Sequence[CandidatePartition]) -> list[Cost]:

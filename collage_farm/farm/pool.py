@@ -289,6 +289,10 @@ class Farm(MeasurementService):
         """Progress: forget expected results that will not come."""
         self.progress.settle()
 
+    def finish(self) -> None:
+        """Progress: one caller's work is over; draw the final state (the farm goes on)."""
+        self.progress.close()
+
     def close(self) -> None:
         """Stop the runner actors (and the embedded Ray this farm started); idempotent."""
         if not self._closed:

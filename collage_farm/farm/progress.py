@@ -2,8 +2,8 @@
 
 The bar shows counts, cache hits, failures, what is in flight and the ETA; without a TTY a
 ``logging`` line (``farm progress done=.. total=.. hits=.. failed=.. inflight=.. eta_s=..``)
-goes out every few seconds. The farm's `MeasurementService.expect` / ``settle`` feed it the
-campaign's size; the dispatch loop feeds it every result.
+goes out every few seconds. The farm's `MeasurementService.expect` / ``settle`` / ``finish``
+feed it the campaign's size and end a caller's share; the dispatch loop feeds it every result.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 class Progress:
     """Campaign progress: a bar on a TTY, otherwise a parseable log line every few seconds.
 
-    The estimator reports the campaign's size and cache hits (`add`), per device kind when it
-    can; the farm reports each result (`result`) and what is in flight. The ETA is the slowest
+    The estimator reports the campaign's size and cache hits through the farm (`Farm.expect`
+    calls `add`), per device kind when it can; the dispatch loop reports each result
+    (`result`) and what is in flight. The ETA is the slowest
     kind's: a GPU's candidates go through one runner per GPU while a node's CPU candidates go
     through a runner per core, and on an H100 host the aggregate rate said "5 s left" while the
     CUDA queue needed over a minute. Results nobody announced (re-measurements) grow the total,

@@ -26,7 +26,7 @@ from collage_farm.core.target import BUILTIN_TARGETS
 def test_mnist_campaign_on_ethos_u55_gives_a_simulated_plan(ray_cluster: Any, make_farm: Any,
                                                             tmp_path: Path) -> None:
     from collage_farm.campaign import TuneOptions, load_source, run_tune, tensor_ranges_provider
-    from collage_farm.costtable import CostTable
+    from collage_farm.costtable import CostTable, TableStore
     from estimators.measured import FarmEstimator
 
     node = ray_cluster.add_node(num_cpus=1, resources={"ethosu_sim": 1.0})
@@ -38,7 +38,8 @@ def test_mnist_campaign_on_ethos_u55_gives_a_simulated_plan(ray_cluster: Any, ma
         out = tmp_path / "out"
         table = tmp_path / "costs"
         graph = load_source("zoo:mnist")
-        est = FarmEstimator(farm, table, campaign_id="ethosu", model="mnist", close_farm=False,
+        est = FarmEstimator(farm, TableStore(table, campaign_id="ethosu"),
+                            model="mnist", close_farm=False,
                             tensor_ranges_for=tensor_ranges_provider(graph, [target]))
         opts = TuneOptions(model="zoo:mnist", targets=(target,), out=out, cost_table=table,
                            verify=True, refine_trials=0, report=False)

@@ -79,9 +79,11 @@ def table_rows(path: Path) -> list[Any]:
 def estimate_once(farm: Any, table: Path, cands: list[CandidatePartition], campaign_id: str,
                   model: str) -> tuple[Any, list[Any]]:
     """One campaign's costs for ``cands`` through a `FarmEstimator` that is closed after."""
+    from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
 
-    est = FarmEstimator(farm, table, campaign_id=campaign_id, model=model, close_farm=False,
+    est = FarmEstimator(farm, TableStore(table, campaign_id=campaign_id),
+                        model=model, close_farm=False,
                         measure_config=FAST)
     costs = est.estimate(cands)
     est.close()
@@ -116,6 +118,7 @@ def test_measure_batch_null_and_ort(make_farm: Any) -> None:
 
 
 def test_dedupe_and_table_first(make_farm: Any, tmp_path: Path) -> None:
+    from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
 
     farm = make_farm(toolchains=["null"])
@@ -136,7 +139,8 @@ def test_dedupe_and_table_first(make_farm: Any, tmp_path: Path) -> None:
     assert all(r.campaign_id == "one" and r.model == "resnet18" and r.nodes for r in rows)
 
     # second campaign, same table: everything is a cache hit, nothing is measured
-    est2 = FarmEstimator(farm, table, campaign_id="two", model="resnet18", close_farm=False,
+    est2 = FarmEstimator(farm, TableStore(table, campaign_id="two"),
+                         model="resnet18", close_farm=False,
                          measure_config=FAST)
     again = est2.estimate(cands)
     est2.estimate(cands)  # memo: asking twice measures nothing either
@@ -152,6 +156,7 @@ def test_runner_killed_mid_campaign(make_farm: Any, tmp_path: Path) -> None:
     """A runner actor is killed while measuring: its work is retried, no row is lost."""
     import ray
 
+    from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
 
     farm = make_farm(toolchains=["null"])
@@ -164,7 +169,8 @@ def test_runner_killed_mid_campaign(make_farm: Any, tmp_path: Path) -> None:
 
     timer = threading.Timer(0.6, kill)
     table = tmp_path / "costs"
-    est = FarmEstimator(farm, table, campaign_id="kill", model="random_dag", close_farm=False,
+    est = FarmEstimator(farm, TableStore(table, campaign_id="kill"),
+                        model="random_dag", close_farm=False,
                         measure_config=FAST)
     timer.start()
     try:
@@ -257,13 +263,14 @@ KILL9_SCRIPT = textwrap.dedent("""
     import sys, logging
     sys.path.insert(0, {repo!r})
     from collage_farm.farm import Farm
+    from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
     from runners.base import MeasureConfig
     from tests.ray.test_farm import FAST, kill9_candidates
 
     address, table = sys.argv[1], sys.argv[2]
     farm = Farm.start(address, toolchains=["null"], progress=False)
-    est = FarmEstimator(farm, table, campaign_id="killed", model="random_dag",
+    est = FarmEstimator(farm, TableStore(table, campaign_id="killed"), model="random_dag",
                         measure_config=FAST)
     print("STARTED", flush=True)
     est.estimate(kill9_candidates())

@@ -32,6 +32,7 @@ QUICK = MeasureConfig(warmup_runs=0, rounds=2, min_round_runs=2, min_round_s=0.0
 
 
 def test_segfault_hang_and_leak_each_cost_one_row(make_farm: Any, tmp_path: Path) -> None:
+    from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
 
     # 6 s: the leak needs ~0.15 s to pass the cap, but a worker restarted after the hang may
@@ -46,7 +47,8 @@ def test_segfault_hang_and_leak_each_cost_one_row(make_farm: Any, tmp_path: Path
            if pat in c.label()}
     assert Counter(bad.values()) == {"segv": 1, "hang": 1, "leak": 1}, bad
     table = tmp_path / "costs"
-    est = FarmEstimator(farm, table, campaign_id="faults", model="mnist", close_farm=False,
+    est = FarmEstimator(farm, TableStore(table, campaign_id="faults"),
+                        model="mnist", close_farm=False,
                         measure_config=QUICK)
     costs = est.estimate(cands)
     est.close()

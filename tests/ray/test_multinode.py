@@ -24,6 +24,7 @@ WORKER_RESOURCES = {"cpu_slot_0": 1.0, "farm_test_worker": 1.0}
 
 def test_campaign_spreads_over_two_nodes_and_survives_losing_one(
         ray_cluster: Any, make_farm: Any, tmp_path: Path) -> None:
+    from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
 
     worker = ray_cluster.add_node(num_cpus=1, resources=dict(WORKER_RESOURCES))
@@ -58,7 +59,7 @@ def test_campaign_spreads_over_two_nodes_and_survives_losing_one(
 
         remover = threading.Thread(target=remove_when_busy, daemon=True)
         table = tmp_path / "costs"
-        est = FarmEstimator(farm, table, campaign_id="multinode", model="random_dag",
+        est = FarmEstimator(farm, TableStore(table, campaign_id="multinode"), model="random_dag",
                             close_farm=False, measure_config=FAST)
         remover.start()
         costs = est.estimate(cands)

@@ -19,6 +19,7 @@ def test_network_mode_rows_carry_each_candidates_network(make_farm: Any,
     the rows say so, and a warm campaign on the same table does not reuse those timings."""
     import dataclasses
 
+    from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
 
     farm = make_farm(toolchains=["ort-cpu"])
@@ -26,7 +27,7 @@ def test_network_mode_rows_carry_each_candidates_network(make_farm: Any,
     first = {c.fingerprint: c for c in cands}
     table = tmp_path / "costs"
     net = dataclasses.replace(FAST, mode="network")
-    est = FarmEstimator(farm, table, campaign_id="net", model="mnist", close_farm=False,
+    est = FarmEstimator(farm, TableStore(table, campaign_id="net"), model="mnist", close_farm=False,
                         measure_config=net)
     assert all(c.is_known for c in est.estimate(cands))
     est.close()
@@ -37,13 +38,15 @@ def test_network_mode_rows_carry_each_candidates_network(make_farm: Any,
         assert cfg.measure_mode == "network" and r.ok
         assert cfg.network_bytes == max(1, first[r.fingerprint].sub_graph.rest_of_network_bytes())
     # warm timings are another measurement: measured again, not reused
-    warm = FarmEstimator(farm, table, campaign_id="warm", model="mnist", close_farm=False,
+    warm = FarmEstimator(farm, TableStore(table, campaign_id="warm"),
+                         model="mnist", close_farm=False,
                          measure_config=FAST)
     warm.estimate(cands)
     warm.close()
     assert warm.stats().cache_hits == 0 and warm.stats().measured == len(first)
     # the same mode again: every cost from the table
-    again = FarmEstimator(farm, table, campaign_id="net2", model="mnist", close_farm=False,
+    again = FarmEstimator(farm, TableStore(table, campaign_id="net2"),
+                          model="mnist", close_farm=False,
                           measure_config=net)
     again.estimate(cands)
     again.close()

@@ -28,7 +28,7 @@ import pytest
 from collage_farm.campaign import TuneOptions, load_source, run_tune
 from collage_farm.cli import main
 from collage_farm.core.target import parse_targets
-from collage_farm.costtable import CostTable, CostTableWriter
+from collage_farm.costtable import CostTable, CostTableWriter, TableStore
 from collage_farm.execute import PlanExecutor
 
 pytest.importorskip("openvino")
@@ -65,7 +65,7 @@ def test_alternating_mix_is_replaced_by_the_best_single(make_farm: Any, tmp_path
     names = [t.id for t in targets]
     farm = make_farm(toolchains=["ort-cpu", "openvino"])
     out, costs = tmp_path / "out", tmp_path / "costs"
-    est = FarmEstimator(farm, costs, model="mnist", close_farm=False)
+    est = FarmEstimator(farm, TableStore(costs), model="mnist", close_farm=False)
     try:
         run_tune(TuneOptions(model="zoo:mnist", targets=tuple(targets), out=tmp_path / "first",
                              refine_trials=0, verify=False, confirm_rounds=0, report=False,
@@ -74,7 +74,7 @@ def test_alternating_mix_is_replaced_by_the_best_single(make_farm: Any, tmp_path
     finally:
         est.close()
     assert _make_stale(costs) > 0
-    est = FarmEstimator(farm, costs, model="mnist", close_farm=False)
+    est = FarmEstimator(farm, TableStore(costs), model="mnist", close_farm=False)
     try:
         s = run_tune(TuneOptions(model="zoo:mnist", targets=tuple(targets), out=out,
                                  refine_trials=0, verify_rounds=5, confirm_rounds=0),

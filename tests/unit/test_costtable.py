@@ -32,6 +32,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import collage_farm.costtable as ct
+import collage_farm.costtable.reader as ct_reader
+import collage_farm.costtable.schema as ct_schema
+import collage_farm.costtable.writer as ct_writer
 from collage_farm.cli import costs as cli_costs
 from collage_farm.core.target import BUILTIN_TARGETS
 from collage_farm.costtable import (
@@ -102,11 +105,11 @@ def fingerprints(table: pa.Table) -> list[str]:
 
 def test_schema_is_documented_everywhere() -> None:
     md = schema_markdown()
-    doc = ct.__doc__ or ""
+    doc = ct_schema.__doc__ or ""
     assert md.startswith("| column | type | meaning |")
     for name in NAMES:
         assert f"`{name}`" in md
-        assert f"\n{name} " in doc, f"{name} missing from the module docstring's schema table"
+        assert f"\n{name} " in doc, f"{name} missing from the schema module docstring's table"
     assert tuple(f.name for f in __import__("dataclasses").fields(CostRow)) == NAMES
     assert SCHEMA.field("created_at").type == pa.timestamp("us", tz="UTC")
     assert SCHEMA.field("samples").type == pa.list_(pa.float64())
@@ -242,7 +245,7 @@ def test_writer_flush_policy(tmp_path: Path) -> None:
 
 def test_failed_flush_keeps_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = tmp_path / "t"
-    real = ct.write_part
+    real = ct_writer.write_part
     calls = {"n": 0}
 
     def flaky(*a, **kw):
@@ -251,7 +254,7 @@ def test_failed_flush_keeps_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             raise OSError("disk full")
         return real(*a, **kw)
 
-    monkeypatch.setattr(ct, "write_part", flaky)
+    monkeypatch.setattr(ct_writer, "write_part", flaky)
     w = CostTableWriter(d, background=False)
     w.extend(simple_rows(3))
     with pytest.raises(OSError, match="disk full"):
@@ -438,8 +441,8 @@ def test_parsed_files_are_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     d = tmp_path / "t"
     write_rows(d, simple_rows(4), per_file=2)
     reads: list[str] = []
-    real = ct._read_part
-    monkeypatch.setattr(ct, "_read_part", lambda p, *a: reads.append(p.name) or real(p, *a))
+    real = ct_reader.read_part
+    monkeypatch.setattr(ct_reader, "read_part", lambda p, *a: reads.append(p.name) or real(p, *a))
     t = CostTable(d)
     assert t.read().num_rows == 4 and len(reads) == 2
     t.lookup([("fp0", T_ORT.measure_key)])
@@ -630,7 +633,7 @@ def test_compaction_crash_before_unlink_never_double_counts(
     def no_unlink(path):
         raise KeyboardInterrupt("killed between rename and unlink")
 
-    monkeypatch.setattr(ct.os, "unlink", no_unlink)
+    monkeypatch.setattr(os, "unlink", no_unlink)
     with pytest.raises(KeyboardInterrupt):
         compact(d)
     monkeypatch.undo()
@@ -652,7 +655,7 @@ def test_a_listing_that_misses_a_new_compacted_file_is_retried(
     d = tmp_path / "t"
     write_rows(d, simple_rows(9), per_file=3)
     old = sorted(p.name for p in d.glob("*.parquet"))
-    monkeypatch.setattr(ct.os, "unlink", lambda p: None)  # freeze "renamed, not unlinked"
+    monkeypatch.setattr(os, "unlink", lambda p: None)  # freeze "renamed, not unlinked"
     compact(d)
     monkeypatch.undo()
     real = CostTable._list

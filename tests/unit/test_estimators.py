@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +13,24 @@ from onnx import TensorProto, helper, numpy_helper
 
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
+from collage_farm.core.estimator import EstimatorKind
 from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import BUILTIN_TARGETS, CPU0, Target
+from collage_farm.costtable import CostTable, CostTableWriter, TableStore, row_from_result
 from estimators.analytic import FAST_CONV_FACTOR, AnalyticEstimator, node_flops, sub_graph_work
+from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
+from estimators.sources import MeasurementService, Strictness
 from estimators.table import MissingCostsError, TableEstimator
+from runners.base import (
+    DeviceDescription,
+    MeasureConfig,
+    MeasureRequest,
+    MeasureResult,
+    Status,
+    Summary,
+)
 
 ORT = BUILTIN_TARGETS["ort-cpu"]
 
@@ -226,7 +239,7 @@ def test_table_estimator_hits_misses_and_analytic(tmp_path: Path, tiny: Dataflow
     _write_rows(table, have, 2e-4)
     _write_rows(table, failed, status="build_failed")
 
-    est = TableEstimator(table)
+    est = TableEstimator(TableStore.existing(table))
     got = est.estimate(have + failed)
     assert [c.seconds for c in got[:2]] == [pytest.approx(2e-4)] * 2
     assert got[2].is_invalid
@@ -238,13 +251,13 @@ def test_table_estimator_hits_misses_and_analytic(tmp_path: Path, tiny: Dataflow
     assert "2 candidate cost(s) are not in the cost table" in text
     assert "--allow-analytic" in text and missing[0].label() in text
 
-    coll = TableEstimator(table, on_missing="collect")
+    coll = TableEstimator(TableStore.existing(table), on_missing="collect")
     out = coll.estimate(have + missing)
     assert out[2].is_unknown and len(coll.missing) == 2
     with pytest.raises(MissingCostsError):
         coll.check()
 
-    an = TableEstimator(table, allow_analytic=True)
+    an = TableEstimator(TableStore.existing(table), allow_analytic=True)
     out = an.estimate(have + missing)
     assert all(c.is_known for c in out)
     assert an.label == "table+analytic"
@@ -256,7 +269,7 @@ def test_table_estimator_hits_misses_and_analytic(tmp_path: Path, tiny: Dataflow
 
 def test_table_estimator_missing_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        TableEstimator(tmp_path / "nope")
+        TableEstimator(TableStore.existing(tmp_path / "nope"))
 
 
 # ------------------------------------------------------------------------------------------
@@ -309,10 +322,10 @@ def test_offline_campaign_filters_rows_by_mode_only_when_asked(tmp_path: Path,
                                  op_types=["Conv"]))
     base = dict(model="unused", targets=(ORT,), out=tmp_path / "o", estimator="offline",
                 cost_table=tmp_path / "t", strictness="any")
-    est = make_estimator(TuneOptions(**base), tiny)
-    assert isinstance(est, TableEstimator) and est.mode is None
+    est, writer = make_estimator(TuneOptions(**base), tiny)
+    assert isinstance(est, TableEstimator) and est.mode is None and writer is None
     assert est.estimate([c])[0].seconds == pytest.approx(1e-3)
-    est = make_estimator(TuneOptions(**base, measure_mode="network"), tiny)
+    est, _ = make_estimator(TuneOptions(**base, measure_mode="network"), tiny)
     assert isinstance(est, TableEstimator) and est.mode == "network"
     with pytest.raises(MissingCostsError):
         est.estimate([c])
@@ -354,3 +367,103 @@ def test_no_cover_names_the_failures_of_the_node_it_stopped_at(tmp_path: Path) -
         run_tune(TuneOptions(model="zoo:mnist", targets=tuple(targets), out=tmp_path / "o",
                              estimator="offline", cost_table=tmp_path / "t", rule_options=opts,
                              strictness="any", cut_costs=False))
+
+
+# ------------------------------------------------------------------------------------------
+# the farm estimator on its contracts: a scripted measurement service, a real cost table
+
+
+class ScriptedService(MeasurementService):
+    """Measures every request at ``seconds`` (steady rounds) and records the progress calls."""
+
+    def __init__(self, seconds: float = 1e-3) -> None:
+        self.seconds = seconds
+        self.measured: list[str] = []
+        self.progress: list[tuple] = []
+        self.closed = False
+
+    def measure(self, requests: Iterable[MeasureRequest]) -> Iterator[MeasureResult]:
+        for r in requests:
+            self.measured.append(r.fingerprint)
+            samples = (self.seconds,) * 3
+            yield MeasureResult(r.fingerprint, r.target, Status.OK, r.config, samples=samples,
+                                summary=Summary.of(samples, samples), device=SCRIPTED_DEVICE,
+                                toolchain_version="1")
+
+    def describe(self, target: Target) -> tuple[DeviceDescription | None, str] | None:
+        return SCRIPTED_DEVICE, "1"
+
+    def expect(self, total: int, hits: int = 0, kinds: Mapping[str, int] | None = None) -> None:
+        self.progress.append(("expect", total, hits, dict(kinds or {})))
+
+    def settle(self) -> None:
+        self.progress.append(("settle",))
+
+    def finish(self) -> None:
+        self.progress.append(("finish",))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+SCRIPTED_DEVICE = DeviceDescription("cpu", "scripted", 1)
+
+
+def test_farm_estimator_records_in_the_store_and_confirms_through_it(
+        tmp_path: Path, tiny: DataflowGraph) -> None:
+    """Misses are measured by the service and recorded in the store; a steady re-measurement
+    is recorded as a confirmation, which a later estimator on the same table reads back."""
+    conv, relu = _cand(tiny, ["conv"]), _cand(tiny, ["relu"])
+    service = ScriptedService()
+    est = FarmEstimator(service, TableStore(tmp_path / "t", campaign_id="one"), model="tiny",
+                        close_farm=False)
+    assert est.kind is EstimatorKind.FARM and est.measure_mode == "network"
+    assert [c.seconds for c in est.estimate([conv, relu, conv])] == [pytest.approx(1e-3)] * 3
+    assert sorted(service.measured) == sorted([conv.fingerprint, relu.fingerprint])
+    assert service.progress == [("expect", 2, 0, {"cpu": 2}), ("settle",)]
+    assert not est.is_confirmed(conv)
+    est.remeasure([conv])
+    assert est.is_confirmed(conv) and not est.is_confirmed(relu)
+    est.close()
+    assert service.progress[-1] == ("finish",) and not service.closed
+    assert est.stats().measured == 3
+
+    again = FarmEstimator(service, TableStore(tmp_path / "t", campaign_id="two"), model="tiny",
+                          close_farm=True)
+    again.estimate([conv, relu])
+    assert again.stats().cache_hits == 2 and again.stats().measured == 0
+    assert again.is_confirmed(conv) and not again.is_confirmed(relu)
+    again.close()
+    assert service.closed
+    rows = CostTable(tmp_path / "t").rows()
+    assert {r.campaign_id for r in rows} == {"one"} and len(rows) == 3
+
+
+def test_table_store_answers_the_cost_store_contract(tmp_path: Path, tiny: DataflowGraph) -> None:
+    """Lookups answer `StoredCost`s under the `Strictness` enum; a store without a writer opens
+    its own on the first record and closes it; a shared writer is only flushed."""
+    conv = _cand(tiny, ["conv"])
+    samples = (2e-3,) * 3
+    res = MeasureResult(conv.fingerprint, ORT, Status.OK, MeasureConfig(), samples=samples,
+                        summary=Summary.of(samples), device=SCRIPTED_DEVICE,
+                        toolchain_version="1")
+    store = TableStore(tmp_path / "t", campaign_id="c")
+    assert not (tmp_path / "t").exists()  # nothing recorded, nothing created
+    store.record(res, model="tiny", nodes=conv.node_names, op_types=conv.op_types)
+    store.flush()
+    key = (conv.fingerprint, ORT.measure_key)
+    got = store.lookup([key], device="another machine", strictness=Strictness.ANY)[key]
+    assert got.ok and got.cost.seconds == pytest.approx(2e-3) and not got.confirmed
+    assert store.lookup([key], device="another machine") == {}  # EXACT by default
+    store.close()
+    with pytest.raises(ValueError, match="closed"):
+        store.record(res)
+    with CostTableWriter(tmp_path / "t", campaign_id="w", background=False) as w:
+        shared = TableStore(tmp_path / "t", w)
+        shared.record(res, confirmation=True)
+        shared.close()  # flushed, still open for its owner
+        assert w.rows_written == 1
+        w.append(row_from_result(res, campaign_id="w", model="", nodes=(), op_types=()))
+    assert shared.lookup([key])[key].confirmed is False  # the newest row is no confirmation
+    with pytest.raises(ValueError, match="strictness must be one of"):
+        store.lookup([key], strictness="fuzzy")
