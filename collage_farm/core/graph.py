@@ -8,10 +8,15 @@ with everything later phases ask about nodes over and over (op kind, tensor shap
 producers and consumers, descendant sets for convexity checks), so no later phase has to touch
 the protobuf again.
 
-Loading does the per-model work exactly once: parse, check, bind dynamic input dims given by
-the user, fold ``Constant`` nodes into initializers, infer shapes (falling back to one
-ONNX Runtime probe run when static inference leaves a tensor without a concrete shape), and
-order the nodes. A malformed model is reported as a `ModelError` naming what is wrong.
+Loading does the per-model work exactly once: parse (`collage_farm.core.modelprep`), check,
+bind dynamic input dims given by the user, fold ``Constant`` nodes into initializers
+(`collage_farm.core.folding`), order the nodes, infer shapes (falling back to one ONNX Runtime
+probe run when static inference leaves a tensor without a concrete shape:
+`collage_farm.core.shapes`), and fold shape computations the bound inputs made constant. A
+malformed model is reported as a `ModelError` naming what is wrong.
+
+The names those modules define that callers use with the graph (`ModelError`, `TensorInfo`,
+`parse_shape`, `bind_input_shapes`, `MAX_IR_VERSION`, `numel`, ...) are re-exported here.
 """
 
 from __future__ import annotations
@@ -26,18 +31,46 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper, numpy_helper
+
+from collage_farm.core.folding import fold_constants, fold_shape_computations
+from collage_farm.core.modelprep import (
+    bind_input_shapes,
+    bind_inputs,
+    clear_negative_dims,
+    parse_shape,
+    read_model,
+)
+from collage_farm.core.shapes import infer_tensors
+from collage_farm.core.tensors import (
+    MAX_IR_VERSION,
+    MAX_MODEL_BYTES,
+    ModelError,
+    TensorInfo,
+    dtype_name,
+    numel,
+    random_feeds,
+)
+
+__all__ = [
+    "MAX_IR_VERSION",
+    "MAX_MODEL_BYTES",
+    "OP_KINDS",
+    "DataflowGraph",
+    "ModelError",
+    "Node",
+    "OpKind",
+    "TensorInfo",
+    "bind_input_shapes",
+    "dtype_name",
+    "load_graph",
+    "numel",
+    "op_kind",
+    "parse_shape",
+    "random_inputs",
+]
 
 log = logging.getLogger(__name__)
-
-# ONNX Runtime 1.31 reads IR <= 13 while onnx 1.23 writes 14; 10 works in ORT and OpenVINO.
-MAX_IR_VERSION = 10
-#: protobuf refuses to serialise a message of 2 GiB or more
-MAX_MODEL_BYTES = 2**31 - 1
-
-
-class ModelError(ValueError):
-    """The model cannot be used: malformed, cyclic, unbound dynamic dimension, ..."""
 
 
 class OpKind(enum.IntEnum):
@@ -95,48 +128,11 @@ _kinds(
 )
 _kinds(_K.OPAQUE, "NonZero NonMaxSuppression Loop If Scan RoiAlign Unique")
 
-_DTYPE_NAMES = {
-    v: np.dtype(helper.tensor_dtype_to_np_dtype(v)).name
-    for v in onnx.TensorProto.DataType.values()
-    if v not in (0, onnx.TensorProto.STRING)
-    and v < 16  # the classic numeric types; exotic float8/int4 stay by number
-}
-
-
-def dtype_name(elem_type: int) -> str:
-    return _DTYPE_NAMES.get(elem_type, f"onnx{elem_type}")
-
-
 def op_kind(op_type: str, domain: str = "") -> OpKind:
     """The pattern kind of an operator. Unknown ops and custom domains are opaque."""
     if domain not in ("", "ai.onnx", "com.microsoft"):
         return OpKind.OPAQUE
     return OP_KINDS.get(op_type, OpKind.OPAQUE)
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """A tensor's static type: concrete shape and element type (ONNX enum and numpy name)."""
-
-    name: str
-    shape: tuple[int, ...]
-    elem_type: int
-
-    @property
-    def dtype(self) -> str:
-        return dtype_name(self.elem_type)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
-
-    @property
-    def nbytes(self) -> int:
-        try:
-            item = np.dtype(helper.tensor_dtype_to_np_dtype(self.elem_type)).itemsize
-        except (KeyError, TypeError, ValueError):
-            item = 4
-        return self.size * item
 
 
 @dataclass(eq=False)
@@ -215,6 +211,13 @@ class DataflowGraph:
 # loading
 
 
+def random_inputs(graph_or_model: DataflowGraph | onnx.ModelProto, seed: int = 0
+                  ) -> dict[str, np.ndarray]:
+    """Seeded random feeds for a model's runtime inputs (small values, valid for indices)."""
+    model = graph_or_model.model if isinstance(graph_or_model, DataflowGraph) else graph_or_model
+    return random_feeds(model, seed)
+
+
 def _attr_value(a: onnx.AttributeProto) -> object:
     if a.type == onnx.AttributeProto.GRAPH:
         return ("graph", a.g.name, len(a.g.node))
@@ -249,405 +252,6 @@ def _subgraph_free_names(g: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
-def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
-    if isinstance(source, onnx.ModelProto):
-        return source
-    if isinstance(source, bytes):
-        data = source
-        where = "<bytes>"
-    else:
-        path = Path(source)
-        if not path.exists():
-            raise ModelError(f"{path}: no such file")
-        where = str(path)
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as e:  # protobuf DecodeError, truncated files
-            raise ModelError(
-                f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-        if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
-            raise ModelError(f"{where}: parsed, but holds no ONNX graph")
-        # Weights stored beside the file are read only once we know they fit: candidates,
-        # plan partitions and the shape probe are in-memory protobufs, capped at 2 GB.
-        size = _model_bytes(model)
-        if size > MAX_MODEL_BYTES:
-            raise ModelError(
-                f"{where}: model with its external data is {size:,} bytes ({size / 2**30:.3f} "
-                f"GiB), over the 2 GiB protobuf limit ({MAX_MODEL_BYTES:,} bytes); "
-                f"sub-models, plan partitions and runner messages are in-memory protobufs, "
-                f"so models this large are not supported (split or quantise it)")
-        try:
-            onnx.load_external_data_for_model(model, str(path.parent))
-        except Exception as e:  # missing or short data file, a location outside the folder
-            raise ModelError(
-                f"{where}: cannot read its external data ({type(e).__name__}: {e})") from None
-        return model
-    try:
-        model = onnx.load_from_string(data)
-    except Exception as e:
-        raise ModelError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-    if not model.HasField("graph"):
-        raise ModelError(f"{where}: parsed, but holds no ONNX graph")
-    return model
-
-
-def _model_bytes(model: onnx.ModelProto) -> int:
-    """Serialised size of ``model`` once its external data is loaded (without loading it)."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    total = model.ByteSize()
-    for t in _get_all_tensors(model):
-        if not uses_external_data(t):
-            continue
-        info = {e.key: e.value for e in t.external_data}
-        try:
-            total += int(info["length"])
-        except (KeyError, ValueError):
-            try:
-                item = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-            except (KeyError, TypeError, ValueError):
-                item = 4
-            total += numel(t) * item
-    return total
-
-
-def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """Parse ``input=1x3x224x224`` into (``input``, (1, 3, 224, 224))."""
-    if "=" not in text:
-        raise ModelError(f"bad --shape {text!r}: expected NAME=DxDx... (e.g. input=1x3x224x224)")
-    name, dims = text.rsplit("=", 1)
-    try:
-        shape = tuple(int(d) for d in dims.lower().split("x")) if dims.strip() else ()
-    except ValueError:
-        raise ModelError(f"bad --shape {text!r}: dims must be integers separated by 'x'") from None
-    if any(d < 0 for d in shape):
-        raise ModelError(f"bad --shape {text!r}: negative dimension")
-    if any(d == 0 for d in shape):
-        raise ModelError(f"bad --shape {text!r}: a zero dimension makes an empty tensor, "
-                         f"which has nothing to measure")
-    return name.strip(), shape
-
-
-def _bind_inputs(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> None:
-    init_names = {i.name for i in model.graph.initializer}
-    runtime_inputs = [i for i in model.graph.input if i.name not in init_names]
-    known = {i.name for i in runtime_inputs}
-    for name in shapes:
-        if name not in known:
-            raise ModelError(
-                f"--shape names {name!r}, which is not a model input; inputs: {sorted(known)}"
-            )
-    for inp in runtime_inputs:
-        tt = inp.type.tensor_type
-        if not inp.type.HasField("tensor_type"):
-            raise ModelError(
-                f"input {inp.name!r} is not a tensor (sequence/map inputs unsupported)")
-        if tt.elem_type == onnx.TensorProto.UNDEFINED:
-            raise ModelError(f"input {inp.name!r} has no element type (elem_type 0)")
-        if inp.name in shapes:
-            want = list(shapes[inp.name])
-            if tt.HasField("shape") and len(tt.shape.dim) not in (0, len(want)):
-                raise ModelError(
-                    f"--shape {inp.name}: rank {len(want)} given, model input has rank "
-                    f"{len(tt.shape.dim)}"
-                )
-            for d_i, (d, w) in enumerate(zip(tt.shape.dim, want)):
-                if _fixed_dim(d) and d.dim_value != w:
-                    raise ModelError(
-                        f"--shape {inp.name}: dim {d_i} is fixed to {d.dim_value} in the model, "
-                        f"{w} given"
-                    )
-            tt.ClearField("shape")
-            for w in want:
-                tt.shape.dim.add().dim_value = int(w)
-            continue
-        if not tt.HasField("shape"):
-            raise ModelError(
-                f"input {inp.name!r} has no shape; bind it with --shape {inp.name}=DxDx..."
-            )
-        for d_i, d in enumerate(tt.shape.dim):
-            if not _fixed_dim(d):
-                label = d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
-                what = (f"dimension {d_i} of size 0 (an empty tensor, or an unknown size "
-                        f"written as 0)" if d.HasField("dim_value") and d.dim_value == 0
-                        else f"dynamic dimension {d_i} ({label!r})")
-                raise ModelError(
-                    f"input {inp.name!r} has {what}; bind it with "
-                    f"--shape {inp.name}=" + "x".join(
-                        str(x.dim_value) if _fixed_dim(x) else "N" for x in tt.shape.dim
-                    )
-                )
-
-
-def _fixed_dim(d: onnx.TensorShapeProto.Dimension) -> bool:
-    """Whether a dimension has a concrete size.
-
-    Only a positive ``dim_value`` is one: exporters write unknown sizes as ``dim_param``, as
-    nothing, as 0, or (PaddlePaddle's paddle2onnx) as -1, and all of those mean dynamic.
-    """
-    return d.HasField("dim_value") and d.dim_value > 0
-
-
-def _clear_negative_dims(model: onnx.ModelProto) -> None:
-    """Make ``dim_value < 0`` (paddle2onnx's "dynamic") a plain unknown dimension.
-
-    Negative sizes are not valid ONNX, and shape inference, ONNX Runtime's probe run and the
-    toolchains would each read -1 differently (as a size, a mismatch, or an error). Rewriting
-    them once, as dimensions with neither value nor name, means every later step sees the
-    standard spelling of "dynamic". Zero sizes are left as they are: 0 can be a real empty
-    tensor, which inference or the probe run then settles.
-    """
-    g = model.graph
-    for vi in [*g.input, *g.output, *g.value_info]:
-        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
-            continue
-        for d in vi.type.tensor_type.shape.dim:
-            if d.HasField("dim_value") and d.dim_value < 0:
-                d.ClearField("dim_value")
-
-
-def bind_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> None:
-    """Bind ``model``'s runtime inputs to ``shapes`` in place, with `load_graph`'s checks.
-
-    For callers that need the original model, not the loaded graph, with static inputs: a
-    plan's reference model run whole on each toolchain. Raises `ModelError` as loading does
-    (unknown input, rank or fixed-size mismatch, a dynamic dimension left unbound).
-    """
-    _clear_negative_dims(model)
-    _bind_inputs(model, shapes)
-
-
-def _fold_constants(model: onnx.ModelProto) -> None:
-    """Turn ``Constant`` nodes into initializers: they are data, not work to place."""
-    g = model.graph
-    keep = []
-    for n in g.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1:
-            a = n.attribute[0] if n.attribute else None
-            if a is None:
-                raise ModelError(f"Constant node {n.name or n.output[0]!r} has no value")
-            if a.name == "value":
-                t = onnx.TensorProto()
-                t.CopyFrom(a.t)
-            else:
-                v = helper.get_attribute_value(a)
-                if a.name in ("value_float", "value_int"):
-                    arr = np.array(v, dtype=np.float32 if a.name == "value_float" else np.int64)
-                elif a.name in ("value_floats", "value_ints"):
-                    arr = np.array(v, dtype=np.float32 if a.name == "value_floats" else np.int64)
-                else:  # sparse / string constants stay as nodes
-                    keep.append(n)
-                    continue
-                t = numpy_helper.from_array(arr)
-            t.name = n.output[0]
-            g.initializer.append(t)
-        else:
-            keep.append(n)
-    if len(keep) != len(g.node):
-        del g.node[:]
-        g.node.extend(keep)
-
-
-#: ops never folded although their inputs are constant: their outputs differ run to run
-_NONDETERMINISTIC = frozenset(
-    "RandomNormal RandomUniform RandomNormalLike RandomUniformLike Multinomial Bernoulli".split())
-#: largest tensor (elements) a folded node may produce: shape vectors, indices, masks; not
-#: weights, which stay work for the toolchains (and would bloat every candidate's file)
-MAX_FOLDED_ELEMENTS = 4096
-
-
-def _fold_shape_computations(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
-                             graph_outputs: set[str], probed: set[str]) -> bool:
-    """Replace shape computations, constant once inputs are bound, by initializers.
-
-    Why: exporters that keep dynamic dims (jax2tf, paddle2onnx, torch with dynamic axes) compute
-    Reshape/Expand/Slice arguments at run time, ``Shape -> Gather/Slice -> Concat -> Reshape``.
-    Once the inputs are bound those values are fixed, but as nodes they are cut into
-    candidates like any other: a candidate whose Reshape reads a shape vector produced outside
-    it receives that vector as a runtime input, which the runners fill with random integers,
-    and the measurement fails ("cannot reshape", "invalid expand shape"). Folded, the vector is
-    an initializer that travels with every sub-graph reading it.
-
-    A node folds when it is a deterministic default-domain op without sub-graphs, produces no
-    graph output, produces at most `MAX_FOLDED_ELEMENTS` elements per output, reads only
-    constants (initializers, earlier folded tensors) and either reads a shape (``Shape``/``Size``
-    of a statically shaped tensor, or a value derived from one) or produces integers or
-    booleans only. Pure float computations on initializers (an embedding ``Gather`` at fixed
-    positions) are left alone: they are real work, and the zoo's models keep their nodes.
-    Shapes learnt by the probe run (``probed``) are data dependent (NonZero, ...) and never
-    folded. Values are computed by one ONNX Runtime run; if that fails nothing is folded.
-    Returns whether anything was.
-    """
-    g = model.graph
-    const = {t.name for t in g.initializer}
-    shape_derived: set[str] = set()
-    known: dict[str, np.ndarray] = {}  # Shape/Size outputs, computed here
-    fold: list[onnx.NodeProto] = []
-    folded_ids: set[int] = set()  # id(): protobuf == compares whole messages
-    for n in g.node:
-        outs = [o for o in n.output if o]
-        ins = [t for t in n.input if t]
-        if (n.domain not in ("", "ai.onnx") or not outs or not ins
-                or n.op_type in _NONDETERMINISTIC or n.op_type == "Constant"
-                or any(o in graph_outputs for o in outs)
-                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                       for a in n.attribute)):
-            continue
-        if n.op_type in ("Shape", "Size") and len(outs) == 1:
-            src = tensors.get(ins[0])
-            if src is None or ins[0] in probed:
-                continue
-            if n.op_type == "Size":
-                known[outs[0]] = np.array(src.size, dtype=np.int64)
-            else:
-                at = {a.name: a.i for a in n.attribute}
-                start, end = at.get("start", 0), at.get("end", len(src.shape))
-                known[outs[0]] = np.array(src.shape[start:end], dtype=np.int64)
-            shape_derived.add(outs[0])
-            const.add(outs[0])
-            fold.append(n)
-            folded_ids.add(id(n))
-            continue
-        if not all(t in const for t in ins):
-            continue
-        infos = [tensors.get(o) for o in outs]
-        if any(i is None or i.size > MAX_FOLDED_ELEMENTS for i in infos):
-            continue
-        derived = any(t in shape_derived for t in ins)
-        if not derived and not all(np.dtype(dtype_name(i.elem_type)).kind in "iub"
-                                   for i in infos if i is not None):
-            continue
-        fold.append(n)
-        folded_ids.add(id(n))
-        const.update(outs)
-        if derived:
-            shape_derived.update(outs)
-    if not fold:
-        return False
-    values = dict(known)
-    compute = [n for n in fold if n.op_type not in ("Shape", "Size")]
-    if compute:
-        values.update(_evaluate_constant_nodes(model, compute, known))
-        if not values.keys() >= {o for n in compute for o in n.output if o}:
-            return False
-    keep = [n for n in g.node if id(n) not in folded_ids]
-    consumed = {t for n in keep for t in n.input if t}
-    del g.node[:]
-    g.node.extend(keep)
-    for name, arr in values.items():
-        if name in consumed:
-            g.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
-    folded = set(values)
-    vis = [vi for vi in g.value_info if vi.name not in folded]
-    del g.value_info[:]
-    g.value_info.extend(vis)
-    return True
-
-
-def _evaluate_constant_nodes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
-                             known: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Outputs of ``nodes`` (inputs: initializers and ``known``), by one ORT run; {} on error."""
-    import onnxruntime as ort  # local, as in _probe_shapes
-
-    needed = {t for n in nodes for t in n.input if t}
-    sub = onnx.ModelProto()
-    sub.ir_version = min(model.ir_version, MAX_IR_VERSION)
-    sub.opset_import.extend(model.opset_import)
-    sub.graph.name = "fold"
-    sub.graph.node.extend(nodes)
-    sub.graph.initializer.extend(t for t in model.graph.initializer if t.name in needed)
-    for name, arr in known.items():
-        if name in needed:
-            sub.graph.initializer.append(numpy_helper.from_array(arr, name))
-    outs = [o for n in nodes for o in n.output if o]
-    for o in outs:
-        sub.graph.output.add().name = o
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        sess = ort.InferenceSession(sub.SerializeToString(), so,
-                                    providers=["CPUExecutionProvider"])
-        return dict(zip(outs, sess.run(outs, {})))
-    except Exception:  # an op ORT cannot run standalone: keep the nodes, nothing is lost
-        return {}
-
-
-def _static_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
-    if not vi.type.HasField("tensor_type"):
-        return None
-    tt = vi.type.tensor_type
-    if tt.elem_type == 0 or not tt.HasField("shape"):
-        return None
-    dims = []
-    for d in tt.shape.dim:
-        # 0 may be a real empty tensor or an unknown size (see _fixed_dim): either way the
-        # probe run settles it, so only positive sizes count as known here
-        if not _fixed_dim(d):
-            return None
-        dims.append(d.dim_value)
-    return TensorInfo(vi.name, tuple(dims), tt.elem_type)
-
-
-def random_inputs(graph_or_model: DataflowGraph | onnx.ModelProto, seed: int = 0
-                  ) -> dict[str, np.ndarray]:
-    """Seeded random feeds for a model's runtime inputs (small values, valid for indices)."""
-    model = graph_or_model.model if isinstance(graph_or_model, DataflowGraph) else graph_or_model
-    rng = np.random.default_rng(seed)
-    init = {i.name for i in model.graph.initializer}
-    feeds = {}
-    for vi in model.graph.input:
-        if vi.name in init:
-            continue
-        info = _static_info(vi)
-        if info is None:
-            raise ModelError(f"input {vi.name!r} has no static shape")
-        np_t = np.dtype(helper.tensor_dtype_to_np_dtype(info.elem_type))
-        if np_t.kind == "f":
-            feeds[vi.name] = rng.standard_normal(info.shape).astype(np_t)
-        elif np_t.kind in "iu":
-            feeds[vi.name] = rng.integers(0, 4, size=info.shape).astype(np_t)
-        elif np_t.kind == "b":
-            feeds[vi.name] = rng.integers(0, 2, size=info.shape).astype(bool)
-        else:
-            feeds[vi.name] = np.zeros(info.shape, dtype=np_t)
-    return feeds
-
-
-def _probe_shapes(model: onnx.ModelProto, missing: list[str]) -> dict[str, TensorInfo]:
-    """Run the model once in ONNX Runtime with ``missing`` as extra outputs to learn shapes."""
-    import onnxruntime as ort  # local: ORT is heavy and only needed for odd models
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    have = {o.name for o in probe.graph.output}
-    for name in missing:
-        if name not in have:
-            probe.graph.output.add().name = name
-    probe.ir_version = min(probe.ir_version, MAX_IR_VERSION)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        sess = ort.InferenceSession(
-            probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        outs = sess.run(missing, random_inputs(model))
-    except Exception as e:
-        node = next((n for n in model.graph.node if missing[0] in n.output), None)
-        made_by = (f", output of node {node.name!r} ({node.domain + ':' if node.domain else ''}"
-                   f"{node.op_type})" if node is not None else "")
-        raise ModelError(
-            f"could not determine shapes of {len(missing)} tensors (e.g. {missing[0]!r}"
-            f"{made_by}) statically or by running the model once; declare them in the "
-            f"model's value_info: {e}"
-        ) from None
-    found = {}
-    for name, arr in zip(missing, outs):
-        arr = np.asarray(arr)
-        found[name] = TensorInfo(name, tuple(arr.shape), helper.np_dtype_to_tensor_dtype(arr.dtype))
-    return found
-
-
 def load_graph(
     source: str | os.PathLike | bytes | onnx.ModelProto,
     shapes: Mapping[str, Sequence[int]] | None = None,
@@ -668,7 +272,7 @@ def _load_graph(
     fold_rounds: int = 8,
 ) -> DataflowGraph:
     model = onnx.ModelProto()
-    model.CopyFrom(_read_model(source))
+    model.CopyFrom(read_model(source))
     if name is None:
         name = Path(source).stem if isinstance(source, (str, os.PathLike)) else (
             model.graph.name or "model")
@@ -706,9 +310,9 @@ def _load_graph(
         log.warning("%s: IR version %d is below what its opsets (%s) need; read as IR %d "
                     "(the file is not changed)", name, model.ir_version, ops, need_ir)
         model.ir_version = need_ir
-    _clear_negative_dims(model)
-    _bind_inputs(model, shapes or {})
-    _fold_constants(model)
+    clear_negative_dims(model)
+    bind_inputs(model, shapes or {})
+    fold_constants(model)
     if not g.node:
         raise ModelError("model has no operator nodes (after folding Constant nodes): "
                          "nothing to partition")
@@ -800,53 +404,9 @@ def _load_graph(
     del g.node[:]
     g.node.extend(new_nodes)
 
-    # shape inference, once per model. Large weights are swapped for data-less stand-ins while
-    # it runs: inference needs their dims and types only, and serialising hundreds of MB of
-    # weights into the inference call dominated load time on transformer-sized models.
-    heavy = [t for t in g.initializer if numel(t) > 4096]
-    if heavy:
-        keep = [t for t in g.initializer if numel(t) <= 4096]
-        stand_ins = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                     for t in heavy]
-        light = onnx.ModelProto()
-        light.ir_version = model.ir_version
-        light.opset_import.extend(model.opset_import)
-        light.graph.name = g.name
-        light.graph.node.extend(g.node)
-        light.graph.initializer.extend(keep)
-        light.graph.input.extend(list(g.input) + [
-            v for v in stand_ins if v.name not in {i.name for i in g.input}])
-        light.graph.output.extend(g.output)
-        light.graph.value_info.extend(g.value_info)
-    else:
-        light = model
-    try:
-        inferred = shape_inference.infer_shapes(light, check_type=False, strict_mode=False,
-                                                data_prop=True)
-    except Exception as e:
-        raise ModelError(f"shape inference failed: {e}") from None
-    if heavy:
-        del g.value_info[:]
-        g.value_info.extend(inferred.graph.value_info)
-        del g.output[:]
-        g.output.extend(inferred.graph.output)
-        inferred = model
-    tensors: dict[str, TensorInfo] = {}
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(
-        inferred.graph.output
-    ):
-        info = _static_info(vi)
-        if info is not None:
-            tensors[vi.name] = info
-    for t in inferred.graph.initializer:
-        tensors[t.name] = TensorInfo(t.name, tuple(t.dims), t.data_type)
-    produced = [o for n in inferred.graph.node for o in n.output if o]
-    missing = [t for t in produced if t not in tensors]
-    if missing:
-        tensors.update(_probe_shapes(inferred, missing))
-    model = inferred
-    if fold_rounds > 0 and _fold_shape_computations(model, tensors, set(out_names),
-                                                    probed=set(missing)):
+    model, tensors, missing = infer_tensors(model)
+    if fold_rounds > 0 and fold_shape_computations(model, tensors, set(out_names),
+                                                   probed=set(missing)):
         # nodes went away: order, infer and index the smaller graph from the start (its
         # inputs are bound and its nodes named already, so this is the same load again).
         # Another round: shapes only the probe knew may now be static and fold in turn.
@@ -902,9 +462,3 @@ def _load_graph(
         name=name,
     )
 
-
-def numel(t: onnx.TensorProto) -> int:
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n
