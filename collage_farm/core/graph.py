@@ -271,18 +271,52 @@ def _load_graph(
     *,
     fold_rounds: int = 8,
 ) -> DataflowGraph:
+    """`load_graph`'s steps, in the order their checks must run; recursive after folding."""
     model = onnx.ModelProto()
     model.CopyFrom(read_model(source))
     if name is None:
         name = Path(source).stem if isinstance(source, (str, os.PathLike)) else (
             model.graph.name or "model")
+    out_names = _check_outputs(model.graph)
+    _check_versions(model, name)
+    clear_negative_dims(model)
+    bind_inputs(model, shapes or {})
+    fold_constants(model)
     g = model.graph
+    if not g.node:
+        raise ModelError("model has no operator nodes (after folding Constant nodes): "
+                         "nothing to partition")
+    _name_nodes(g)
+    producer_pos, available, input_names = _index_producers(g)
+    implicit = _outer_scope_reads(g, producer_pos, available)
+    for o in out_names:
+        if o not in producer_pos and o not in available:
+            raise ModelError(f"graph output {o!r} is produced by nothing")
+    order = _post_dfs_order(g, out_names, producer_pos, implicit)
+    implicit = _reorder_nodes(g, order, implicit)
+    model, tensors, probed = infer_tensors(model)
+    if fold_rounds > 0 and fold_shape_computations(model, tensors, set(out_names),
+                                                   probed=set(probed)):
+        # nodes went away: order, infer and index the smaller graph from the start (its
+        # inputs are bound and its nodes named already, so this is the same load again).
+        # Another round: shapes only the probe knew may now be static and fold in turn.
+        return _load_graph(model, None, name, fold_rounds=fold_rounds - 1)
+    return _build_graph(model, tensors, implicit, input_names, out_names, name)
+
+
+def _check_outputs(g: onnx.GraphProto) -> list[str]:
+    """The graph's output names, which must exist and be distinct."""
     if not g.output:
         raise ModelError("model has no outputs")
     out_names = [o.name for o in g.output]
     dup = {n for n in out_names if out_names.count(n) > 1}
     if dup:
         raise ModelError(f"duplicate graph output names: {sorted(dup)}")
+    return out_names
+
+
+def _check_versions(model: onnx.ModelProto, name: str) -> None:
+    """Refuse IR versions and opsets this onnx cannot handle; lift a too-low IR version."""
     if model.ir_version < 3:
         raise ModelError(f"IR version {model.ir_version} is too old (need >= 3)")
     if model.ir_version > onnx.IR_VERSION:
@@ -310,14 +344,10 @@ def _load_graph(
         log.warning("%s: IR version %d is below what its opsets (%s) need; read as IR %d "
                     "(the file is not changed)", name, model.ir_version, ops, need_ir)
         model.ir_version = need_ir
-    clear_negative_dims(model)
-    bind_inputs(model, shapes or {})
-    fold_constants(model)
-    if not g.node:
-        raise ModelError("model has no operator nodes (after folding Constant nodes): "
-                         "nothing to partition")
 
-    # give every node a unique, stable name (real exports often have none)
+
+def _name_nodes(g: onnx.GraphProto) -> None:
+    """Give every node a unique, stable name (real exports often have none)."""
     seen: set[str] = set()
     for i, n in enumerate(g.node):
         nm = n.name or f"{n.op_type}_{i}"
@@ -326,7 +356,10 @@ def _load_graph(
         seen.add(nm)
         n.name = nm
 
-    # producers, and the checks that need them
+
+def _index_producers(g: onnx.GraphProto) -> tuple[dict[str, int], set[str], list[str]]:
+    """Producer position of every node output, the tensors available without a node (inputs
+    and initializers), and the runtime input names; each tensor must be produced once."""
     init_names = {t.name for t in g.initializer}
     const_out = [o.name for o in g.output if o.name in init_names]
     if const_out:  # legal ONNX, but no partition computes it and no runner returns it
@@ -343,6 +376,16 @@ def _load_graph(
             if o in producer_pos or o in available:
                 raise ModelError(f"tensor {o!r} is produced twice (node {n.name!r})")
             producer_pos[o] = i
+    return producer_pos, available, input_names
+
+
+def _outer_scope_reads(g: onnx.GraphProto, producer_pos: Mapping[str, int],
+                       available: set[str]) -> dict[int, tuple[str, ...]]:
+    """Node position -> tensors its If/Loop/Scan bodies read from this graph (sorted).
+
+    Checks, node by node, that every tensor a node reads, directly or through its bodies, is
+    produced by a node or is an input or initializer.
+    """
     implicit: dict[int, tuple[str, ...]] = {}
     for i, n in enumerate(g.node):
         free: set[str] = set()
@@ -360,11 +403,16 @@ def _load_graph(
                     f"node {n.name!r} reads tensor {t!r}, which no node, input or initializer "
                     f"provides (missing initializer?)"
                 )
-    for o in out_names:
-        if o not in producer_pos and o not in available:
-            raise ModelError(f"graph output {o!r} is produced by nothing")
+    return implicit
 
-    # post-DFS order from the outputs (iterative: deep models overflow recursion); cycles raise
+
+def _post_dfs_order(g: onnx.GraphProto, out_names: Sequence[str],
+                    producer_pos: Mapping[str, int],
+                    implicit: Mapping[int, tuple[str, ...]]) -> list[int]:
+    """Node positions in post-DFS order from the outputs, dead nodes after the live ones.
+
+    Iterative, as deep models overflow recursion; a cycle raises `ModelError`.
+    """
     order: list[int] = []
     state = [0] * len(g.node)  # 0 new, 1 on stack, 2 done
 
@@ -394,25 +442,25 @@ def _load_graph(
             elif state[nxt] == 0:
                 state[nxt] = 1
                 stack.append((nxt, iter(preds_of(nxt))))
+    return order
 
-    # reorder the protobuf nodes to the post-DFS order (a valid topological order)
+
+def _reorder_nodes(g: onnx.GraphProto, order: Sequence[int],
+                   implicit: Mapping[int, tuple[str, ...]]) -> dict[int, tuple[str, ...]]:
+    """Put the protobuf nodes in ``order`` (a valid topological order); ``implicit`` re-keyed."""
     protos = [g.node[i] for i in order]
     new_nodes = [onnx.NodeProto() for _ in protos]
     for dst, src in zip(new_nodes, protos):
         dst.CopyFrom(src)
-    implicit = {new: implicit[old] for new, old in enumerate(order) if old in implicit}
     del g.node[:]
     g.node.extend(new_nodes)
+    return {new: implicit[old] for new, old in enumerate(order) if old in implicit}
 
-    model, tensors, missing = infer_tensors(model)
-    if fold_rounds > 0 and fold_shape_computations(model, tensors, set(out_names),
-                                                   probed=set(missing)):
-        # nodes went away: order, infer and index the smaller graph from the start (its
-        # inputs are bound and its nodes named already, so this is the same load again).
-        # Another round: shapes only the probe knew may now be static and fold in turn.
-        return _load_graph(model, None, name, fold_rounds=fold_rounds - 1)
 
-    # nodes
+def _build_graph(model: onnx.ModelProto, tensors: dict[str, TensorInfo],
+                 implicit: Mapping[int, tuple[str, ...]], input_names: Sequence[str],
+                 out_names: Sequence[str], name: str) -> DataflowGraph:
+    """The `DataflowGraph` of a model whose nodes are in post-DFS order and fully typed."""
     g = model.graph
     producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
     consumers: dict[str, list[int]] = {}
@@ -421,34 +469,8 @@ def _load_graph(
             if t:
                 consumers.setdefault(t, []).append(i)
     outset = set(out_names)
-    nodes = []
-    for i, p in enumerate(g.node):
-        ins = list(p.input) + list(implicit.get(i, ()))
-        preds = sorted({producer[t] for t in ins if t in producer})
-        succs = sorted({c for o in p.output if o for c in consumers.get(o, ())})
-        nodes.append(
-            Node(
-                index=i,
-                name=p.name,
-                op_type=p.op_type,
-                domain=p.domain,
-                inputs=tuple(p.input),
-                outputs=tuple(p.output),
-                attrs={a.name: _attr_value(a) for a in p.attribute},
-                kind=op_kind(p.op_type, p.domain),
-                proto=p,
-                preds=tuple(preds),
-                succs=tuple(succs),
-                is_external=any(o in outset for o in p.output),
-                implicit_inputs=implicit.get(i, ()),
-            )
-        )
-    desc = [0] * len(nodes)
-    for n in reversed(nodes):
-        m = 0
-        for s in n.succs:
-            m |= (1 << s) | desc[s]
-        desc[n.index] = m
+    nodes = [_make_node(i, p, producer, consumers, implicit.get(i, ()), outset)
+             for i, p in enumerate(g.node)]
     return DataflowGraph(
         model=model,
         nodes=nodes,
@@ -458,7 +480,41 @@ def _load_graph(
         graph_outputs=tuple(out_names),
         producer=producer,
         consumers={k: tuple(v) for k, v in consumers.items()},
-        descendants=desc,
+        descendants=_descendants(nodes),
         name=name,
     )
 
+
+def _make_node(i: int, p: onnx.NodeProto, producer: Mapping[str, int],
+               consumers: Mapping[str, list[int]], implicit: tuple[str, ...],
+               outset: set[str]) -> Node:
+    """Node ``i`` of the graph, from its proto and the graph's producer/consumer maps."""
+    ins = list(p.input) + list(implicit)
+    preds = sorted({producer[t] for t in ins if t in producer})
+    succs = sorted({c for o in p.output if o for c in consumers.get(o, ())})
+    return Node(
+        index=i,
+        name=p.name,
+        op_type=p.op_type,
+        domain=p.domain,
+        inputs=tuple(p.input),
+        outputs=tuple(p.output),
+        attrs={a.name: _attr_value(a) for a in p.attribute},
+        kind=op_kind(p.op_type, p.domain),
+        proto=p,
+        preds=tuple(preds),
+        succs=tuple(succs),
+        is_external=any(o in outset for o in p.output),
+        implicit_inputs=implicit,
+    )
+
+
+def _descendants(nodes: Sequence[Node]) -> list[int]:
+    """Each node's strict descendants as a bitset over post-DFS indices."""
+    desc = [0] * len(nodes)
+    for n in reversed(nodes):
+        m = 0
+        for s in n.succs:
+            m |= (1 << s) | desc[s]
+        desc[n.index] = m
+    return desc
