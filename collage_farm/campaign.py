@@ -42,6 +42,7 @@ from pathlib import Path
 
 from collage_farm import zoo
 from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.estimator import EstimatorKind
 from collage_farm.core.graph import DataflowGraph, ModelError, load_graph
 from collage_farm.core.pins import PinSet, filter_candidates
 from collage_farm.core.plan import PlanError, make_plan, write_plan
@@ -50,10 +51,18 @@ from collage_farm.core.search import NoCoverError, SearchResult, search
 from collage_farm.core.target import CPU0, Target
 from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel, WithCutCosts
 from collage_farm.costtable import CostTable, CostTableWriter, TableStore, check_writable
+from collage_farm.costtable.decisions import (
+    PlanDecision,
+    decision_row,
+    find_decision,
+    plan_parts,
+    record_decision,
+)
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
+from collage_farm.postsearch.moves import parts_from_names, to_search_result
 from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
@@ -85,6 +94,7 @@ class TuneOptions:
     allow_analytic: bool = False
     prune: bool = True
     retry_failed: bool = False  # failed rows never answer: measure them all again
+    reconfirm: bool = False  # the table's confirmations do not count: re-measure the path
     rule_options: RuleOptions = RuleOptions()
     transition: TransitionModel | None = None
     pins: object = None  # collage_farm.core.pins.PinSet, when given
@@ -131,10 +141,11 @@ def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
 
 def campaign_table(opts: TuneOptions) -> Path | None:
     """The cost-table directory a campaign reads and writes: ``--cost-table``, else
-    ``OUT/costs`` for farm campaigns (mock campaigns have none; offline ones must name one)."""
+    ``OUT/costs`` (where a farm campaign with this ``--out`` left it); mock campaigns have
+    none."""
     if opts.cost_table is not None:
         return Path(opts.cost_table)
-    return opts.out / "costs" if opts.estimator == "farm" else None
+    return opts.out / "costs" if opts.estimator in ("farm", "offline") else None
 
 
 def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[PartitionSpec]:
@@ -174,9 +185,9 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
     if opts.estimator == "mock":
         return MockEstimator(), None
     if opts.estimator == "offline":
-        if opts.cost_table is None:
-            raise ValueError("--offline needs --cost-table DIR")
-        return TableEstimator(TableStore.existing(opts.cost_table),
+        table = campaign_table(opts)
+        assert table is not None
+        return TableEstimator(TableStore.existing(table),
                               allow_analytic=opts.allow_analytic,
                               strictness=Strictness.parse(opts.strictness),
                               mode=opts.measure_mode or None), None
@@ -196,6 +207,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
             prune=opts.prune,
             strictness=Strictness.parse(opts.strictness),
             retry=RetryPolicy.ALL if opts.retry_failed else RetryPolicy.TRANSIENT,
+            reconfirm=opts.reconfirm,
         )
         return est, store.writer
     raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
@@ -218,7 +230,9 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
         return fallback
     if not measure and not Path(table).is_dir():
         return fallback
-    config = MeasureConfig(mode=est.measure_mode) if est.measure_mode else None
+    # the rows of the mode this campaign's candidates are (or, offline, were) measured in: an
+    # offline search over a farm campaign's table then uses the transitions that campaign used
+    config = MeasureConfig(mode=est.measure_mode or opts.measure_mode or CANDIDATE_MODE)
     try:
         return measured_transition_model(
             CostTable(table), opts.targets, writer=writer,
@@ -327,6 +341,12 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                                            opts.targets, rounds=opts.confirm_rounds, lazy=lazy)
         if measured and (opts.verify or opts.refine_trials > 0):
             post = post_search(post_search_options(opts), graph, result, est, transition)
+            if writer is not None:  # offline reuse of this table writes the same plan
+                _record_decision(writer, graph, opts, result, post)
+        decision: PlanDecision | None = None
+        if est.kind is EstimatorKind.TABLE and table is not None:
+            result, decision = _reuse_decision(graph, opts, CostTable(table), est, transition,
+                                               result)
     finally:
         stats = est.stats()
         if own:
@@ -347,6 +367,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         for e, alts in zip(plan.partitions, result.alternatives) if alts}
     if post is not None:
         plan.extra["never_worse"] = post.info
+    if decision is not None:
+        plan.extra["decision"] = decision.to_json()
     write_plan(plan, graph, result, opts.out)
     t_end = time.perf_counter()
 
@@ -389,6 +411,13 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     if post is not None:
         summary.update(post.info)
         summary["post_search_s"] = post.elapsed_s
+    elif decision is not None:
+        summary["decision"] = decision.to_json()
+        summary["plan_is"] = decision.plan_is
+        summary["verify"] = (
+            f"not measured now: the plan is the one campaign {decision.campaign_id} wrote for "
+            f"this search plan after measuring it end to end ({decision.plan_is}; "
+            f"{decision.figures.get('never_worse')})")
     else:
         summary["verify"] = (
             f"skipped: costs from {est.label} are not measurements on this machine; run "
@@ -404,6 +433,41 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             summary["report_error"] = f"{type(e).__name__}: {e}"
     summary["wall_s"] = time.perf_counter() - t_start
     return summary
+
+
+def _search_parts(graph: DataflowGraph, result: SearchResult) -> tuple:
+    return plan_parts(graph, [(p.candidate.mask, p.candidate.target) for p in result.partitions])
+
+
+def _record_decision(writer: CostTableWriter, graph: DataflowGraph, opts: TuneOptions,
+                     searched: SearchResult, post: PostSearch) -> None:
+    """Append the campaign's verified outcome for its search plan to its cost table
+    (`collage_farm.costtable.decisions`)."""
+    row = decision_row(graph, opts.targets, _search_parts(graph, searched),
+                       _search_parts(graph, post.result), str(post.info.get("plan_is", "")),
+                       post.info, campaign_id=opts.campaign_id)
+    record_decision(writer, row)
+
+
+def _reuse_decision(graph: DataflowGraph, opts: TuneOptions, table: CostTable,
+                    est: CostEstimator, transition: TransitionModel, result: SearchResult
+                    ) -> tuple[SearchResult, PlanDecision | None]:
+    """Offline: the plan a measured campaign wrote for the search plan found now, if one is
+    recorded in ``table``; else ``result`` unchanged."""
+    try:
+        decision = find_decision(table, graph, opts.targets, _search_parts(graph, result))
+    except Exception as e:  # an unreadable row must not cost the search's own plan
+        log.warning("recorded plan decisions unreadable (%s: %s)", type(e).__name__, e)
+        return result, None
+    if decision is None:
+        return result, None
+    parts = parts_from_names(graph, decision.final, opts.targets)
+    if parts is None:
+        log.warning("the decision of campaign %s names nodes or targets this campaign has "
+                    "not; the search's plan is written", decision.campaign_id)
+        return result, None
+    return to_search_result(graph, parts, result, estimate=est.estimate,
+                            transition=transition, rule=decision.plan_is), decision
 
 
 def post_search_options(opts: TuneOptions) -> PostSearchOptions:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,18 +54,6 @@ from runners.base import (
     MeasureResult,
     Status,
 )
-
-#: a re-measurement whose round medians vary more than this (coefficient of variation) is used
-#: but not marked as a confirmation, so a later campaign measures it again. On this 2-core VM,
-#: 11 of 12 whole-model re-measurements taken while a CPU hog loaded it had cv 0.14-0.80 (and
-#: ran up to 2.9x slow); one had cv 0.086 and still ran 2.7x slow: a guard, not a guarantee
-CONFIRM_MAX_CV = 0.10
-
-
-def _steady(res: MeasureResult) -> bool:
-    """Round medians within `CONFIRM_MAX_CV` (no summary: not known to be steady)."""
-    cv = res.summary.cv if res.summary is not None else math.nan
-    return math.isfinite(cv) and cv <= CONFIRM_MAX_CV
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +114,10 @@ class FarmEstimator(CostEstimator):
         bound: CostEstimator | None = None,
         close_farm: bool = True,
         retry: RetryPolicy | str = RetryPolicy.TRANSIENT,
+        reconfirm: bool = False,
     ) -> None:
         self.retry = RetryPolicy.parse(retry)
+        self.reconfirm = reconfirm
         self.strictness = Strictness.parse(strictness)
         self.farm = farm
         self.store = store
@@ -172,8 +161,12 @@ class FarmEstimator(CostEstimator):
         """Measure ``candidates`` again on the farm (see `CostEstimator.remeasure`).
 
         The fresh rows are written to the table too (lookups prefer the newest ok row, so a
-        later campaign reuses them), marked as confirmations when steady (round-median cv <=
-        `CONFIRM_MAX_CV`). Counted in ``measured``, not ``requested``.
+        later campaign reuses them), ok ones marked as confirmations: a candidate confirmed
+        once stays confirmed for later campaigns (so a re-run of a finished campaign measures
+        nothing and searches the same costs), unless the estimator was made with
+        ``reconfirm``, which ignores the table's confirmations. The row keeps the
+        re-measurement's round-median cv, so a noisy one can be found with a query. Counted in
+        ``measured``, not ``requested``.
         """
         first: dict[str, CandidatePartition] = {}
         for c in candidates:
@@ -247,7 +240,7 @@ class FarmEstimator(CostEstimator):
         for (fp, _key), row in hits.items():
             self._memo[fp] = row.cost
             self._cache_hits += 1
-            if row.confirmed:
+            if row.confirmed and not self.reconfirm:
                 self._confirmed.add(fp)
             if not row.ok:
                 self._failed[row.status] = self._failed.get(row.status, 0) + 1
@@ -271,15 +264,15 @@ class FarmEstimator(CostEstimator):
     def _measure(self, cands: Mapping[str, CandidatePartition], *,
                  confirmation: bool = False) -> None:
         """Measure ``cands`` on the farm, recording each result as it arrives; with
-        ``confirmation``, steady results are marked as re-measurements (`remeasure`)."""
+        ``confirmation``, ok results are marked as re-measurements (`remeasure`)."""
         for res in self.farm.measure(self._requests(cands)):
             c = cands.get(res.fingerprint)
             if c is None:  # not ours (cannot happen unless a runner mislabels a result)
                 log.warning("farm estimator: unexpected result for %s", res.fingerprint)
                 continue
-            steady = confirmation and res.status is Status.OK and _steady(res)
-            self._record(c, res, confirmation=steady)
-            if steady:
+            confirmed = confirmation and res.status is Status.OK
+            self._record(c, res, confirmation=confirmed)
+            if confirmed:
                 self._confirmed.add(c.fingerprint)
 
     def _requests(self, missing: Mapping[str, CandidatePartition]) -> Iterator[MeasureRequest]:

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from collage_farm.costtable import CostTable, compact, export
+from collage_farm.costtable import PART_SUFFIX, CostTable, compact, export
 
 EXIT_USAGE = 2
 _MAX_CELL = 60
@@ -68,6 +68,12 @@ def run_costs(args: argparse.Namespace) -> int:
         what = "is not a directory" if directory.exists() else "not found"
         print(f"collage-farm costs {args.costs_cmd}: error: cost table directory {what}: "
               f"{directory}", file=sys.stderr)
+        return EXIT_USAGE
+    if (directory / "plan.json").is_file() and not any(directory.glob(f"*{PART_SUFFIX}")):
+        hint = directory / "costs"
+        print(f"collage-farm costs {args.costs_cmd}: error: {directory} is a plan directory, "
+              f"not a cost table" + (f": did you mean {hint}?" if hint.is_dir() else ""),
+              file=sys.stderr)
         return EXIT_USAGE
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -52,6 +52,10 @@ def _add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="measure again every candidate the cost table records as failed "
                    "(e.g. after fixing a toolchain); without it, only a timeout or crash "
                    "seen once is retried")
+    p.add_argument("--reconfirm", action="store_true",
+                   help="re-measure the chosen path even where the cost table holds a "
+                   "confirmation (without it, a candidate confirmed once stays confirmed, so a "
+                   "re-run of a finished campaign measures nothing)")
     p.add_argument("--max-depth", type=int, default=4, help="candidate depth limit (default 4)")
     p.add_argument("--strictness", default="exact", choices=["exact", "device", "any"],
                    help="cost-table matching (see README)")
@@ -102,8 +106,6 @@ def _check_tune_args(args: argparse.Namespace) -> None:
     """Option combinations and values argparse cannot check, as one-line user errors."""
     if args.mock and args.offline:
         raise UserError("--mock and --offline exclude each other")
-    if args.offline and not args.cost_table:
-        raise UserError("--offline needs --cost-table DIR (a cost table measured earlier)")
     if args.allow_analytic and not args.offline:
         raise UserError("--allow-analytic applies to --offline only")
     for flag, value in (("--max-depth", args.max_depth), ("--num-cpus", args.num_cpus),
@@ -144,6 +146,7 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
         allow_analytic=args.allow_analytic,
         prune=not args.no_prune,
         retry_failed=args.retry_failed,
+        reconfirm=args.reconfirm,
         rule_options=rule_options,
         transition=transition,
         pins=pins,

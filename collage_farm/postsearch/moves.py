@@ -31,8 +31,8 @@ from runners.registry import capabilities_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Move", "default_supports", "order_parts", "parts_of", "plan_signature",
-           "propose_moves", "to_search_result", "why_invalid"]
+__all__ = ["Move", "default_supports", "order_parts", "parts_from_names", "parts_of",
+           "plan_signature", "propose_moves", "to_search_result", "why_invalid"]
 
 
 def parts_of(result: SearchResult) -> list[Part]:
@@ -200,6 +200,21 @@ def propose_moves(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence
         if sig not in seen:
             seen.add(sig)
             yield m
+
+
+def parts_from_names(graph: DataflowGraph,
+                     stored: Sequence[tuple[Sequence[str], str]], targets: Sequence[Target]
+                     ) -> list[Part] | None:
+    """Partitions given as ``(node names, target id)`` as `Part`s of ``graph``; None when a
+    name is not a node of ``graph`` or a target id is not among ``targets``."""
+    index = {n.name: n.index for n in graph.nodes}
+    by_id = {t.id: t for t in targets}
+    parts: list[Part] = []
+    for names, tid in stored:
+        if tid not in by_id or any(n not in index for n in names):
+            return None
+        parts.append(Part(sum(1 << index[n] for n in names), by_id[tid]))
+    return parts
 
 
 def to_search_result(graph: DataflowGraph, parts: Sequence[Part], base: SearchResult, *,

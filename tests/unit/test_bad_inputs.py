@@ -376,7 +376,8 @@ def _cli_cases(root: Path) -> dict[str, CliCase]:
          message=r"layers must be 1\.\.128, not 100000")
     out = root / "out" / "args:offline_without_table"
     cases["args:offline_without_table"] = CliCase(
-        ("tune", "zoo:mnist", "--offline", "--out", str(out)), r"--offline needs --cost-table",
+        ("tune", "zoo:mnist", "--offline", "--out", str(out)),
+        r"cost table directory not found: .*offline_without_table/costs",
         out)
 
     # a plan directory from an earlier run must survive a failing run untouched
@@ -405,6 +406,12 @@ def _cli_cases(root: Path) -> dict[str, CliCase]:
          "ort-cpu", "--out", str(out)), r"missing|no cost", out, one_line=False)
     cases["costs:missing_dir"] = CliCase(("costs", "show", str(root / "tables" / "absent")),
                                          r"cost table directory not found")
+    plan_dir = root / "tables" / "a_plan"  # `costs show OUT` instead of `OUT/costs`
+    (plan_dir / "costs").mkdir(parents=True)
+    (plan_dir / "plan.json").write_text("{}")
+    cases["costs:plan_dir"] = CliCase(("costs", "show", str(plan_dir)),
+                                      r"is a plan directory, not a cost table: did you mean "
+                                      r".*a_plan/costs\?")
     # where the campaign's results go: refused before anything is measured
     a_file = root / "out" / "a_file"
     a_file.write_text("not a directory")

@@ -28,7 +28,7 @@ ALLOWED = {
     # sent over a private multiprocessing pipe (a socketpair inherited at spawn, not a file or
     # a network port); the payloads are the frozen dataclasses of runners.base built by the
     # runner itself. Nothing read from a table, plan or config reaches this pipe unparsed.
-    ("runners/isolation.py", "pickle.loads"),
+    ("runners/worker_child.py", "pickle.loads"),
 }
 
 #: calls that deserialise or execute data

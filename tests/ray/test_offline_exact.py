@@ -1,0 +1,77 @@
+"""Re-runs and offline reuse are exact: what a measured campaign left in its cost table gives
+the same plan again, with nothing measured.
+
+Two measured mnist campaigns share one table (the second a plain re-run), then ``tune
+--offline`` runs twice on that table. The re-run measures no candidate (every cost, every
+confirmation, every transition and cut-cost row is in the table); each offline run uses the
+measured transitions the campaigns used (not the analytic fallback), finds every cost it asks
+for, and writes the plan the newest campaign wrote: the same partitions on the same targets,
+priced at the same estimate, because it arrives at the same search plan from the same costs and
+finds that campaign's recorded decision for it (`collage_farm.costtable.decisions`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collage_farm.cli import main
+from collage_farm.costtable import CostTable
+
+pytest.importorskip("openvino")
+
+TARGETS = "ort-cpu,openvino-cpu"
+FAST = ("--refine-trials", "1", "--refine-time", "20", "--verify-extend-rounds", "0", "--no-report",
+        "--json")
+
+
+def _tune(*argv: str) -> dict:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = main(["tune", "zoo:mnist", "--targets", TARGETS, *argv])
+    assert rc == 0
+    return json.loads(buf.getvalue())
+
+
+def _plan(out: Path) -> tuple[list[tuple[str, tuple[str, ...]]], str]:
+    plan = json.loads((out / "plan.json").read_text())
+    parts = sorted((p["target"], tuple(p["nodes"])) for p in plan["partitions"])
+    return parts, plan["transition"]
+
+
+def test_rerun_measures_nothing_and_offline_writes_the_campaigns_plan(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    table = tmp_path / "costs"
+    first = _tune("--cost-table", str(table), "--out", str(tmp_path / "a"), *FAST)
+    assert first["measured"] > 0 and first["confirm"]["remeasured"] > 0
+
+    again = _tune("--cost-table", str(table), "--out", str(tmp_path / "b"), *FAST)
+    assert again["measured"] == 0, again["confirm"]  # candidates, confirmations: all stored
+    assert again["confirm"]["remeasured"] == 0
+    assert again["dijkstra_estimated_s"] == pytest.approx(first["dijkstra_estimated_s"],
+                                                          rel=1e-12)
+    b_parts, b_transition = _plan(tmp_path / "b")
+    assert b_transition.startswith("measured")  # the table's measured transitions
+
+    decisions = CostTable(table).rows({"target": "plan"})
+    assert len(decisions) == 2 and {d.campaign_id for d in decisions} == {
+        first["campaign_id"], again["campaign_id"]}
+
+    for k in range(2):
+        out = tmp_path / f"offline{k}"
+        off = _tune("--offline", "--cost-table", str(table), "--out", str(out), "--json")
+        assert off["estimator"] == "table" and off["measured"] == 0
+        parts, transition = _plan(out)
+        assert transition == b_transition  # not the analytic fallback
+        assert parts == b_parts  # the plan the newest campaign wrote
+        assert off["decision"]["campaign_id"] == again["campaign_id"]
+        assert off["plan_is"] == again["plan_is"]
+        assert off["dijkstra_estimated_s"] == pytest.approx(again["dijkstra_estimated_s"],
+                                                            rel=1e-12)
+        assert off["estimated_total_s"] == pytest.approx(again["estimated_total_s"],
+                                                         rel=1e-12)
