@@ -1,9 +1,11 @@
 """Benchmark phases 2 and 3 (candidates and Dijkstra search) on the zoo with mock costs.
 
 Prints, per model: nodes, candidates, distinct fingerprints, phase-2 and phase-3 seconds, and
-for gpt2 at 2/4/8/12 layers the growth of search time with depth. Costs come from the mock
-estimator (labelled), so this measures the search machinery alone. Results are written to
-bench/results/search-<host>.md with the machine they ran on.
+for gpt2 at 2/4/8/12 layers the growth of search time with depth. The ``digest`` column hashes
+every candidate fingerprint, the states expanded and the plan (partitions' node sets, targets
+and total cost): a refactoring that keeps it for every model kept phases 2 and 3 unchanged.
+Costs come from the mock estimator (labelled), so this measures the search machinery alone.
+Results are written to bench/results/search-<host>.md with the machine they ran on.
 
     python bench/search.py [--targets ort-cpu,openvino-cpu] [--out bench/results]
 """
@@ -11,6 +13,8 @@ bench/results/search-<host>.md with the machine they ran on.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import platform
 import socket
@@ -48,6 +52,13 @@ def cpu_model() -> str:
     return DeviceDescription.host_cpu().name
 
 
+def digest(fingerprints: list[str], result: object) -> str:
+    """A short hash of the candidates' fingerprints, the search's states and its plan."""
+    plan = [(p.candidate.mask, p.candidate.target.id) for p in result.partitions]
+    data = [sorted(fingerprints), plan, repr(result.total_s), result.states_expanded]
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()[:12]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--targets", default="ort-cpu,openvino-cpu")
@@ -60,7 +71,7 @@ def main() -> int:
     only = set(args.only.split(",")) if args.only else None
     rows = []
     header = ("model", "nodes", "candidates", "fingerprints", "phase2_s", "phase3_s",
-              "phase2+3_s", "states", "partitions")
+              "phase2+3_s", "states", "partitions", "digest")
     print(" | ".join(header))
     for name, kw in CASES:
         if only and name not in only:
@@ -75,7 +86,8 @@ def main() -> int:
         t2 = time.perf_counter()
         label = name + (f"-{kw['layers']}L" if "layers" in kw else "")
         row = (label, len(g), len(cands), fps, f"{t1 - t0:.2f}", f"{t2 - t1:.2f}",
-               f"{t2 - t0:.2f}", r.states_expanded, len(r.partitions))
+               f"{t2 - t0:.2f}", r.states_expanded, len(r.partitions),
+               digest([c.fingerprint for c in cands], r))
         rows.append(row)
         print(" | ".join(str(x) for x in row), flush=True)
     host = socket.gethostname()
