@@ -118,6 +118,9 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
         "verify_errors": dict(v.errors),
         "verify_rounds": rounds,
         "singles_ineligible": dict(v.ineligible),
+        # each plan's and whole model's round medians in this run, in round order: the
+        # written plan is compared with each of them round by round (`noise.paired`)
+        "verify_round_medians_s": {n: list(r) for n, r in v.round_medians.items()},
     })
     kept, note = _keep(opts, graph, v, mix, mix_result, plans[mix], builder, rounds, info)
     best = v.best_single
@@ -262,7 +265,10 @@ def _for_report(info: dict, builder: PlanBuilder, out_result: SearchResult,
         "refined_measured_s": info["refined_measured_s"], "refine": info["refine"],
         "mix_measured_s": info["mix_measured_s"],
     }
-    if per_partition:
+    if per_partition and len(out_result.partitions) == 1:
+        # one partition is the whole plan: its figure is the plan's, from the same run
+        measured["partition_measured_s"] = {"p000": info["plan_measured_s"]}
+    elif per_partition:
         try:
             ex = builder.executor(parts_of(out_result),
                                   [p.cost.seconds for p in out_result.partitions])
