@@ -212,12 +212,14 @@ def _against_best(opts: PostSearchOptions, graph: DataflowGraph, v: VerifyResult
     if whole:
         return Kept.PLAN, f"the plan is the best single toolchain's ({best}) whole model"
     if wins:
-        return Kept.PLAN, (f"the plan beats the best single toolchain {best} beyond noise in "
+        return Kept.PLAN, (f"the {'Dijkstra' if mix == 'dijkstra' else mix} plan beats the "
+                           f"best single toolchain {best} beyond noise in "
                            f"two interleaved runs ({mix_s * 1e3:.4f} ms vs "
                            f"{best_s * 1e3:.4f} ms; per-round ratio {cmp.ratio:.3f}, noise "
                            f"{thr:.1%})")
     return Kept.BEST_SINGLE, (
-        f"the plan ({mix_s * 1e3:.4f} ms measured) is not faster than the best "
+        f"the {'Dijkstra' if mix == 'dijkstra' else mix} plan ({mix_s * 1e3:.4f} ms measured) "
+        f"is not faster than the best "
         f"single toolchain {best} ({best_s * 1e3:.4f} ms) beyond noise "
         f"(per-round ratio {cmp.ratio:.3f}, noise {cmp.threshold:.1%}"
         f"{'' if cmp.pairs else ', unpaired'}"

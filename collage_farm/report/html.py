@@ -217,7 +217,8 @@ def _refinement(ref: Mapping[str, Any]) -> list[str]:
     """Every measured refinement trial: the move, its result and the noise threshold."""
     if not ref.get("log"):
         return []
-    h = [f"<h2>Refinement of the Dijkstra plan</h2><p>{ref.get('trials')} measured trials, "
+    h = [f"<h2>Refinement of the Dijkstra plan</h2><p>"
+         f"{plural(int(ref.get('trials') or 0), 'measured trial')}, "
          f"{ref.get('accepted')} kept, {ref.get('invalid_skipped')} invalid moves "
          f"skipped, {_fmt(ref.get('elapsed_s'))} s (stopped: "
          f"{_e(str(ref.get('stopped_by')))}).</p><table id='refine'><tr><th>move</th>"
