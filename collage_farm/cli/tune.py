@@ -15,7 +15,7 @@ from typing import Any
 from collage_farm.campaign import DEFAULT_REFINE_TRIALS, TuneOptions
 from collage_farm.campaign import run_tune as run_campaign
 from collage_farm.cli.errors import UserError
-from collage_farm.cli.targets import add_config_args, config_from_args
+from collage_farm.cli.targets import add_config_args, config_from_args, toolchain_unavailable
 from collage_farm.core.graph import parse_shape
 from collage_farm.core.pins import PinSet
 from collage_farm.core.rules import RuleOptions
@@ -39,8 +39,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_cost_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-table", help="Parquet cost table directory (default: OUT/costs)")
-    p.add_argument("--address", help="join a Ray cluster: auto | ray://HOST:PORT "
-                   "(default: RAY_ADDRESS, else an embedded local Ray)")
+    p.add_argument("--address", metavar="ADDR",
+                   help="join a Ray cluster: HOST:PORT (its head's GCS port, 6379 by "
+                   "default), ray://HOST:PORT (Ray Client, 10001) or auto (the cluster "
+                   "`ray start` last started on this machine); default: RAY_ADDRESS, else "
+                   "an embedded local Ray")
     p.add_argument("--offline", action="store_true",
                    help="use the cost table only: no Ray, no runners")
     p.add_argument("--allow-analytic", action="store_true",
@@ -165,9 +168,26 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
     )
 
 
+def _check_runnable_here(opts: TuneOptions) -> None:
+    """An embedded farm measures every target on this machine: a target whose toolchain
+    cannot run here is refused before Ray starts, with the reason ``targets list --check``
+    gives (a cluster joined with ``--address`` may have what this machine lacks)."""
+    if opts.estimator != "farm" or opts.address:
+        return
+    for tc in dict.fromkeys(t.toolchain for t in opts.targets):
+        why = toolchain_unavailable(tc)
+        if why:
+            names = ", ".join(t.id for t in opts.targets if t.toolchain == tc)
+            raise UserError(f"{names} cannot run on this machine ({tc}: {why}); "
+                            "`collage-farm targets list --check` says which targets can, "
+                            "--address joins a cluster with nodes that run it")
+
+
 def run_tune(args: argparse.Namespace) -> int:
     """``collage-farm tune``: run the campaign and print its summary; 0 once a plan is written."""
-    summary = run_campaign(_tune_options(args))
+    opts = _tune_options(args)
+    _check_runnable_here(opts)
+    summary = run_campaign(opts)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
