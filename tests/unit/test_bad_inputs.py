@@ -322,19 +322,16 @@ class CliResult:
     stdout: str
 
 
-def _silent_listener() -> socket.socket:
+@pytest.fixture(scope="module")
+def silent_port() -> Iterator[int]:
     """A TCP port that completes connections (the kernel's backlog) and never answers."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(64)
-    return s
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
 
 
-SILENT = _silent_listener()  # held open for the module's life
-SILENT_PORT = SILENT.getsockname()[1]
-
-
-def _cli_cases(root: Path) -> dict[str, CliCase]:
+def _cli_cases(root: Path, silent_port: int) -> dict[str, CliCase]:
     cases: dict[str, CliCase] = {}
     for name, (make, message) in BAD_MODELS.items():
         d = root / "models" / name
@@ -448,7 +445,7 @@ def _cli_cases(root: Path) -> dict[str, CliCase]:
     # seconds (ray.init retried it for minutes); Ray's C++ client warns once on its own line
     out = root / "out" / "ray:silent_gcs"
     cases["ray:silent_gcs"] = CliCase(
-        ("tune", "zoo:mnist", "--targets", "ort-cpu", "--address", f"127.0.0.1:{SILENT_PORT}",
+        ("tune", "zoo:mnist", "--targets", "ort-cpu", "--address", f"127.0.0.1:{silent_port}",
          "--out", str(out)), r"no Ray GCS answered within 10 s", out, one_line=False)
     # plan directories for `run`: exit 2 and one line (exit 1 means a numerics mismatch)
     for name, (d, extra, message) in _bad_plans(root / "plans").items():
@@ -568,10 +565,10 @@ def _run_here(argv: tuple[str, ...]) -> CliResult:
 
 
 @pytest.fixture(scope="module")
-def cli_runs(tmp_path_factory: pytest.TempPathFactory
+def cli_runs(tmp_path_factory: pytest.TempPathFactory, silent_port: int
              ) -> Iterator[tuple[dict[str, CliCase], dict[str, CliResult]]]:
     root = tmp_path_factory.mktemp("cli")
-    cases = _cli_cases(root)
+    cases = _cli_cases(root, silent_port)
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {k: pool.submit(_run, cases[k].argv) for k in SUBPROCESS_CASES}
         results = {k: _run_here(c.argv) for k, c in cases.items() if k not in futures}
@@ -638,12 +635,12 @@ def test_a_target_that_cannot_run_here_is_refused_before_ray(tmp_path: Path) -> 
     assert why in check.stdout  # the same reason
 
 
-def test_joining_a_silent_cluster_ends_on_sigterm(tmp_path: Path) -> None:
+def test_joining_a_silent_cluster_ends_on_sigterm(tmp_path: Path, silent_port: int) -> None:
     """While it waits for a Ray GCS that does not answer, `tune` ends on SIGTERM at once."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(REPO)
     p = subprocess.Popen([sys.executable, "-m", "collage_farm.cli", "tune", "zoo:mnist",
-                          "--targets", "ort-cpu", "--address", f"127.0.0.1:{SILENT_PORT}",
+                          "--targets", "ort-cpu", "--address", f"127.0.0.1:{silent_port}",
                           "--out", str(tmp_path / "out")], cwd=REPO, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
