@@ -66,6 +66,7 @@ from collage_farm.postsearch.moves import parts_from_names, to_search_result
 from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
+from collage_farm.report.summary import story_keys
 from collage_farm.zoo import packaged
 from estimators.base import CostEstimator
 from estimators.measured import FarmEstimator
@@ -423,6 +424,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             f"skipped: costs from {est.label} are not measurements on this machine; run "
             f"`collage-farm run {opts.out}` to measure the plan" if not est.kind.measures
             else "skipped (--no-verify, --refine-trials 0)")
+    # one story, every figure named by its plan (collage_farm.report.summary)
+    summary.update(story_keys(summary, result, dijkstra, len(graph.nodes)))
     if opts.report:
         try:
 

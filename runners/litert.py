@@ -49,9 +49,13 @@ for the same candidate.
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import statistics
+import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +117,32 @@ class _Handle:
     def details(self) -> tuple[tuple[str, object], ...]:
         return (("xnnpack_partitions", self.xnnpack_partitions),
                 ("undelegated_ops", list(self.undelegated_ops)))
+
+
+#: what LiteRT's C++ prints to fd 2 the first time a process applies XNNPACK
+XNNPACK_NOTE = "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
+
+
+@contextlib.contextmanager
+def _without_xnnpack_note() -> Iterator[None]:
+    """Run the block with fd 2 captured, then write back what it printed except
+    `XNNPACK_NOTE` (a C++ log line no environment variable turns off; on the farm it came from
+    every runner process). Whatever else reaches fd 2 meanwhile, from any thread, is kept."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as cap:
+        os.dup2(cap.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            cap.seek(0)
+            rest = [ln for ln in cap.read().decode(errors="replace").splitlines()
+                    if ln.strip() != XNNPACK_NOTE]
+            if rest:
+                os.write(2, ("\n".join(rest) + "\n").encode())
 
 
 def _io_specs(details: list[dict[str, Any]]) -> tuple[IOSpec, ...]:
@@ -397,9 +427,10 @@ class LiteRTToolchain(Toolchain):
     def _make(self, data: bytes, threads: int) -> _Handle:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-        interp = Interpreter(model_content=data, num_threads=max(1, int(threads)),
-                             experimental_op_resolver_type=OpResolverType.AUTO)
-        interp.allocate_tensors()  # applies the default XNNPACK delegate
+        with _without_xnnpack_note():
+            interp = Interpreter(model_content=data, num_threads=max(1, int(threads)),
+                                 experimental_op_resolver_type=OpResolverType.AUTO)
+            interp.allocate_tensors()  # applies the default XNNPACK delegate
         try:  # private but long-standing: every node, delegate nodes appended
             delegated, left = _delegation(interp._get_ops_details())
         except Exception:

@@ -32,10 +32,12 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``compare`` on the main parser's subcommands."""
     c = sub.add_parser("compare", help="whole-model latency per target, interleaved")
     c.add_argument("model", help="an ONNX file, zoo:NAME or pkg:NAME")
-    c.add_argument("--targets", default="ort-cpu,openvino-cpu", help="comma-separated targets")
+    c.add_argument("--targets", default="ort-cpu,openvino-cpu",
+                   help="comma-separated target names (default: ort-cpu,openvino-cpu)")
     c.add_argument("--plan", help="also run this plan directory in the same interleaved run")
     c.add_argument("--plot", help="write a PNG bar chart here")
-    c.add_argument("--shape", action="append", default=[], metavar="INPUT=DxDx...")
+    c.add_argument("--shape", action="append", default=[], metavar="INPUT=DxDx...",
+                   help="bind a dynamic input shape, e.g. --shape input=1x3x224x224")
     c.add_argument("--cost-table", metavar="DIR",
                    help="also compare sub-graphs from this cost table: the same sub-graph on "
                    "each target, sorted by largest spread (where the toolchain matters most)")

@@ -23,7 +23,8 @@ from collage_farm.core.target import BUILTIN_TARGETS, Target
 from runners.options import effective_options
 from runners.registry import get_toolchain
 
-__all__ = ["add_config_args", "add_targets_parser", "config_from_args", "run_targets"]
+__all__ = ["add_config_args", "add_targets_parser", "config_from_args", "run_targets",
+           "toolchain_unavailable"]
 
 
 class _DefaultTargets(str):
@@ -32,13 +33,16 @@ class _DefaultTargets(str):
     __slots__ = ()
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--system FILE``, ``--app FILE`` and ``--builtin-system NAME`` to ``parser``.
+def add_config_args(parser: argparse.ArgumentParser, *, see_also: bool = True) -> None:
+    """Add ``--system FILE``, ``--app FILE`` and ``--builtin-system NAME`` to ``parser``
+    (``see_also``: the group's title points to ``targets list``, which ``targets`` itself
+    does not need).
 
     If ``parser`` already has a ``--targets`` option with a default, that default is marked, so
     that with a configuration an untyped ``--targets`` falls back to the app's selection.
     """
-    g = parser.add_argument_group("target configuration (see `collage-farm targets list`)")
+    g = parser.add_argument_group("target configuration" + (
+        " (see `collage-farm targets list`)" if see_also else ""))
     g.add_argument("--system", metavar="FILE", help="system YAML: devices, toolchains, links")
     g.add_argument("--app", metavar="FILE",
                    help="app YAML: targets to search, options, pins, limits")
@@ -76,17 +80,21 @@ def config_from_args(args: argparse.Namespace) -> FarmConfig | None:
 def add_targets_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("targets", help="built-in systems, targets and merged configs")
     ts = p.add_subparsers(dest="targets_cmd", required=True)
-    ls = ts.add_parser("list", help="built-in systems and their targets, or a merged config")
+    ls = ts.add_parser("list", help="built-in systems and their targets, or a merged config",
+                       description="List the built-in systems and their targets (toolchain, "
+                       "device, measure key, options), or, with --system/--app/"
+                       "--builtin-system, the targets, devices, pins and links that "
+                       "configuration merges to.")
     ls.add_argument("--json", action="store_true", help="print JSON")
     ls.add_argument("--check", action="store_true",
                     help="also say which targets can build and measure on this machine, and "
                     "why not (imports every toolchain: a node's readiness check)")
-    add_config_args(ls)
+    add_config_args(ls, see_also=False)
     sh = ts.add_parser("show", help="one system or target: devices, toolchains, options, "
                                     "measure key")
     sh.add_argument("name", help="a built-in system or a target name")
     sh.add_argument("--json", action="store_true", help="print JSON")
-    add_config_args(sh)
+    add_config_args(sh, see_also=False)
 
 
 def run_targets(args: argparse.Namespace) -> int:
@@ -148,7 +156,7 @@ def _annotate_available(data: dict[str, Any]) -> None:
     why: dict[str, str | None] = {}
     for t in _target_dicts(data):
         if t["toolchain"] not in why:
-            why[t["toolchain"]] = _available_here(t["toolchain"])
+            why[t["toolchain"]] = toolchain_unavailable(t["toolchain"])
         t["available"] = why[t["toolchain"]]
     data["unavailable_toolchains"] = {k: v for k, v in why.items() if v is not None}
 
@@ -192,8 +200,9 @@ def _unavailable_text(data: dict[str, Any]) -> list[str]:
             if "unavailable_toolchains" in data else [])
 
 
-def _available_here(toolchain: str) -> str | None:
-    """None when ``toolchain`` can build and measure on this machine, else why not."""
+def toolchain_unavailable(toolchain: str) -> str | None:
+    """None when ``toolchain`` can build and measure on this machine, else why not (what
+    ``targets list --check`` prints)."""
     try:
         return get_toolchain(toolchain).available()
     except Exception as e:  # an unknown or broken toolchain is an answer, not a crash
@@ -213,7 +222,7 @@ def _show_data(name: str, cfg: FarmConfig | None) -> dict[str, Any]:
                     "name": dev.name, "model": dev.model, "memory_mib": dev.memory_mib,
                     "clock_hz": dev.clock_hz}
             out["target"]["systems"] = [cfg.system_name]
-            out["target"]["available"] = _available_here(out["target"]["toolchain"])
+            out["target"]["available"] = toolchain_unavailable(out["target"]["toolchain"])
         if out["system"] is None and out["target"] is None:
             raise ConfigError(f"{name!r} is neither the system nor a target of this "
                               "configuration", key="name",
@@ -234,7 +243,7 @@ def _show_data(name: str, cfg: FarmConfig | None) -> dict[str, Any]:
     if out["target"] is not None:
         out["target"]["systems"] = found_in
         out["target"]["builtin"] = name in BUILTIN_TARGETS
-        out["target"]["available"] = _available_here(out["target"]["toolchain"])
+        out["target"]["available"] = toolchain_unavailable(out["target"]["toolchain"])
     if out["system"] is None and out["target"] is None:
         known = sorted(set(systems) | set(BUILTIN_TARGETS) | {
             n for s in systems for n in load_config(builtin_system=s).targets})

@@ -15,12 +15,13 @@ from typing import Any
 from collage_farm.campaign import DEFAULT_REFINE_TRIALS, TuneOptions
 from collage_farm.campaign import run_tune as run_campaign
 from collage_farm.cli.errors import UserError
-from collage_farm.cli.targets import add_config_args, config_from_args
+from collage_farm.cli.targets import add_config_args, config_from_args, toolchain_unavailable
 from collage_farm.core.graph import parse_shape
 from collage_farm.core.pins import PinSet
 from collage_farm.core.rules import RuleOptions
 from collage_farm.core.target import Target, parse_targets
 from collage_farm.core.transition import TransitionModel
+from collage_farm.report.summary import story_text
 
 __all__ = ["add_tune_parser", "print_summary", "run_tune"]
 
@@ -38,8 +39,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_cost_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-table", help="Parquet cost table directory (default: OUT/costs)")
-    p.add_argument("--address", help="join a Ray cluster: auto | ray://HOST:PORT "
-                   "(default: RAY_ADDRESS, else an embedded local Ray)")
+    p.add_argument("--address", metavar="ADDR",
+                   help="join a Ray cluster: HOST:PORT (its head's GCS port, 6379 by "
+                   "default), ray://HOST:PORT (Ray Client, 10001) or auto (the cluster "
+                   "`ray start` last started on this machine); default: RAY_ADDRESS, else "
+                   "an embedded local Ray")
     p.add_argument("--offline", action="store_true",
                    help="use the cost table only: no Ray, no runners")
     p.add_argument("--allow-analytic", action="store_true",
@@ -164,9 +168,26 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
     )
 
 
+def _check_runnable_here(opts: TuneOptions) -> None:
+    """An embedded farm measures every target on this machine: a target whose toolchain
+    cannot run here is refused before Ray starts, with the reason ``targets list --check``
+    gives (a cluster joined with ``--address`` may have what this machine lacks)."""
+    if opts.estimator != "farm" or opts.address:
+        return
+    for tc in dict.fromkeys(t.toolchain for t in opts.targets):
+        why = toolchain_unavailable(tc)
+        if why:
+            names = ", ".join(t.id for t in opts.targets if t.toolchain == tc)
+            raise UserError(f"{names} cannot run on this machine ({tc}: {why}); "
+                            "`collage-farm targets list --check` says which targets can, "
+                            "--address joins a cluster with nodes that run it")
+
+
 def run_tune(args: argparse.Namespace) -> int:
     """``collage-farm tune``: run the campaign and print its summary; 0 once a plan is written."""
-    summary = run_campaign(_tune_options(args))
+    opts = _tune_options(args)
+    _check_runnable_here(opts)
+    summary = run_campaign(opts)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -175,11 +196,16 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def print_summary(s: dict[str, Any]) -> None:
-    """The campaign summary (`run_tune`'s dict) as the text ``tune`` prints."""
+    """The campaign summary (`run_tune`'s dict) as the text ``tune`` prints: the model, the
+    story of the plan (`collage_farm.report.summary`: the written plan measured, each single
+    toolchain, the decision, the estimate of the written plan, the history), then where the
+    costs came from."""
     est = s["estimator"]
     warn = "  (MOCK COSTS: not measurements)" if est == "mock" else ""
     print(f"model {s['model']}: {s['nodes']} nodes, {s['candidates']} candidates, "
           f"{s['distinct_fingerprints']} distinct fingerprints")
+    for line in story_text(s):
+        print(line)
     by = s.get("failed_by_status") or {}
     print(f"costs from {est}{warn}: {s['measured']} measured, {s['cache_hits']} cache hits, "
           f"{s['pruned']} pruned, {s['failed']} failed"
@@ -188,50 +214,6 @@ def print_summary(s: dict[str, Any]) -> None:
         print(f"warning: {by['no_runner']} candidates had no runner on this cluster (a target "
               "whose device or toolchain no node offers: `collage-farm targets list --check`); "
               "the plan leaves those targets out")
-    per = ", ".join(f"{k}: {v}" for k, v in s["partitions_per_target"].items())
-    print(f"plan: {s['partitions']} partitions ({per}); estimated "
-          f"{s['estimated_total_s'] * 1e3:.3f} ms{warn}")
-    if s.get("plan_measured_s") is not None:
-        _print_post_search(s)
-    elif s.get("never_worse"):
-        print(f"never worse: {s['never_worse']}")
-    elif isinstance(s.get("verify"), str):
-        print(f"end-to-end check {s['verify']}")
     if s.get("report"):
         print(f"report: {s['report']}")
     print(f"search {s['search_s']:.2f} s, wall {s['wall_s']:.2f} s; plan in {s['plan']}")
-
-
-def _print_post_search(s: dict[str, Any]) -> None:
-    """Confirmation, refinement and the measured end-to-end figures of a measured campaign."""
-    conf = s.get("confirm") or {}
-    if conf.get("remeasured"):
-        print(f"confirmation: {conf['remeasured']} candidates re-measured "
-              f"({conf['stopped_by']}; path {'changed' if conf['path_changed'] else 'kept'};"
-              f" median fresh/first {conf['median_after_over_before'] or float('nan'):.3f}"
-              f"); estimate {s['first_search_estimated_s'] * 1e3:.3f} -> "
-              f"{s['dijkstra_estimated_s'] * 1e3:.3f} ms")
-    ref = s.get("refine") or {}
-    print(f"refinement: {ref.get('trials', 0)} measured trials, {ref.get('accepted', 0)} "
-          f"kept ({ref.get('stopped_by', '')})" + (
-              f"; refined {s['refined_measured_s'] * 1e3:.4f} ms vs Dijkstra "
-              f"{s['dijkstra_measured_s'] * 1e3:.4f} ms" if s.get("refined_measured_s")
-              else ""))
-    best = s.get("best_single_target")
-    best_s = s.get("best_single_measured_s")
-    line = f"measured end to end: plan {s['plan_measured_s'] * 1e3:.4f} ms"
-    if best and best_s:
-        line += (f", best single {best} {best_s * 1e3:.4f} ms "
-                 f"(speedup {s['speedup_vs_best_single']:.3f}x)")
-    if s.get("additive_error") is not None:
-        line += f"; additive error {s['additive_error']:+.1%}"
-    print(line)
-    gain, cae = s.get("estimated_gain_vs_best_single"), s.get(
-        "dijkstra_calibrated_additive_error")
-    if gain is not None:
-        print(f"the search believed its mix {gain:.3f}x the best single toolchain"
-              + (f"; Dijkstra plan's additive error after per-target calibration "
-                 f"{cae:+.1%}" if cae is not None else ""))
-    for t, why in (s.get("singles_ineligible") or {}).items():
-        print(f"not a fallback: {t}'s whole model ({why})")
-    print(f"never worse: {s.get('never_worse', '')}")

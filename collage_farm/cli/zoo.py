@@ -18,10 +18,13 @@ def add_zoo_parser(sub: argparse._SubParsersAction) -> None:
     zs = p.add_subparsers(dest="zoo_cmd", required=True)
     zs.add_parser("list", help="list the models")
     e = zs.add_parser("export", help="write a model to an ONNX file")
-    e.add_argument("name")
-    e.add_argument("-o", "--output", required=True)
-    e.add_argument("--layers", type=int)
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("name", help="a built-in model (see `collage-farm zoo list`)")
+    e.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="the ONNX file to write")
+    e.add_argument("--layers", type=int,
+                   help="layers of a transformer model (default: the model's own)")
+    e.add_argument("--seed", type=int, default=0,
+                   help="seed of the random weights (default 0: the same model every time)")
 
 
 def run_zoo(args: argparse.Namespace) -> int:

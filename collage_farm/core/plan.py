@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -153,8 +153,12 @@ def write_plan(plan: Plan, graph: DataflowGraph, result: SearchResult, out_dir: 
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """``data`` to a hidden file beside ``path``, renamed over it: readers see the old file or
+    the new one. The file gets the user's umask like any other (``mkstemp`` would make it
+    0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

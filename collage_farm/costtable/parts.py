@@ -3,15 +3,16 @@
 Why a *directory* of immutable part files: measurements are expensive (seconds to minutes
 each), and a campaign can be stopped at any moment (Ctrl-C, a preempted node, an OOM kill). So
 the table is append-only and every write is all-or-nothing: `write_part` writes one **part
-file** *outside* the directory (a sibling ``<dir>.staging/`` on the same filesystem), fsyncs it
-and ``os.replace``-s it in under a unique name
+file** where no reader looks (the hidden ``<dir>/.staging/``, on the table's filesystem), fsyncs
+it and ``os.replace``-s it into the directory under a unique name
 ``part-<UTC timestamp>-<campaign or pid>-<uuid>.parquet`` (then fsyncs the directory). A reader
 never sees a half-written file, two writers (two campaigns, two processes, two hosts on a
 shared filesystem) never overwrite each other, and a killed writer loses only what it had not
-written yet. If the sibling staging directory cannot be created or lies on another filesystem
-(the table directory is itself a mount point, where a rename would not be atomic), files are
-staged inside the directory under hidden ``.staging-*.parquet.tmp`` names, which pyarrow skips
-(leading ``.``) and ``*.parquet`` globs (DuckDB, Polars) do not match.
+written yet. pyarrow skips ``.staging`` (a leading ``.``), and ``dir/*.parquet`` globs (DuckDB,
+Polars) neither descend into it nor match its ``*.parquet.tmp`` names; nothing appears beside
+the table. If ``.staging`` cannot be created or lies on another filesystem (a mount point,
+where a rename would not be atomic), files are staged in the directory itself under hidden
+``.staging-*.parquet.tmp`` names.
 
 The directory is readable as is by pyarrow (``pq.read_table(dir)``), pandas
 (``pd.read_parquet(dir)``), DuckDB (``read_parquet('dir/*.parquet')``) and Polars; every part
@@ -78,18 +79,23 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def staging_dir(directory: str | os.PathLike[str]) -> Path:
-    """Where part files for ``directory`` are staged: ``<dir>.staging/`` beside it.
+#: the hidden directory inside a table where its part files are staged
+STAGING = ".staging"
 
-    Falls back to ``directory`` itself (hidden ``.staging-*.parquet.tmp`` names) when the
-    sibling cannot be created or lies on another filesystem, where a rename is not atomic.
+
+def staging_dir(directory: str | os.PathLike[str]) -> Path:
+    """Where part files for ``directory`` are staged: ``<dir>/.staging/`` (hidden from
+    readers; see module doc), created with the table.
+
+    Falls back to ``directory`` itself (hidden ``.staging-*.parquet.tmp`` names) when that
+    cannot be created or lies on another filesystem, where a rename is not atomic.
     """
     d = Path(directory)
-    sib = d.parent / f"{d.name}.staging"
+    stage = d / STAGING
     try:
-        sib.mkdir(parents=True, exist_ok=True)
-        if os.stat(sib).st_dev == os.stat(d).st_dev:
-            return sib
+        stage.mkdir(parents=True, exist_ok=True)
+        if os.stat(stage).st_dev == os.stat(d).st_dev:
+            return stage
     except OSError:
         pass
     return d
@@ -151,7 +157,7 @@ def check_writable(directory: str | os.PathLike[str]) -> Path:
     read-only or misplaced table costs a second, not the measurements. Directories it had to
     create for the probe are removed again (the writer creates them when it has rows)."""
     d = Path(directory)
-    stage = d.parent / f"{d.name}.staging"
+    stage = d / STAGING
     created = [p for p in (stage, d, *d.parents) if not p.exists()]  # removed after the probe
     try:
         d.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,16 @@
 """Joining or starting Ray, and the questions about the cluster the farm asks it.
 
-Auth: Ray's token authentication stays on. An embedded ``ray.init()`` enables it by default
-and a cluster joined with ``--address`` needs its token (``~/.ray/auth_token`` or
-``RAY_AUTH_TOKEN``); only tests set ``RAY_AUTH_MODE=disabled``, and `connect` warns whenever it
-finds authentication disabled.
+Auth: Ray's token authentication stays on. An embedded Ray gets it as Ray's own default
+(`token_auth_quietly`: without Ray's warning that tells users how to turn it off), ``auto``
+uses it when a token exists (as Ray does), and a cluster joined at ``HOST:PORT`` needs
+``RAY_AUTH_MODE=token`` and its token (``~/.ray/auth_token`` or ``RAY_AUTH_TOKEN``); only
+tests set ``RAY_AUTH_MODE=disabled``, and `connect` warns whenever it finds authentication
+disabled.
+
+Joining fails fast: `check_reachable` (TCP) and `check_gcs_answers` (a GCS request in a
+daemon thread, bounded) run before `ray.init`, which would otherwise retry a silent GCS for
+minutes while SIGTERM waits; ``auto`` is resolved first (`resolve_address`) so it is checked
+too.
 
 One piece of module state: `_session`, what `connect` started in this process. Ray is a
 per-process singleton (one ``ray.init`` per process, reused by every later `connect`), so what
@@ -17,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +33,11 @@ from collage_farm.farm.messages import FarmError
 from collage_farm.farm.resources import LocalResources, local_resources, toolchain_kinds
 
 log = logging.getLogger(__name__)
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+#: how long a Ray GCS may take to answer before joining its cluster is given up (seconds)
+GCS_ANSWER_S = 10.0
 
 
 @dataclass
@@ -63,7 +76,11 @@ def connect(
     env = dict(runtime_env) if runtime_env else None
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
+        if address == "auto":  # as `ray.init("auto")` does: token auth when a token exists
+            token_auth_quietly(need_token=True)
+        address = resolve_address(address)
         check_reachable(address)
+        check_gcs_answers(address)
         try:
             ray.init(address=address, namespace=namespace, runtime_env=env,
                      logging_level=logging.WARNING)
@@ -76,12 +93,13 @@ def connect(
     else:
         kinds = toolchain_kinds(toolchains).values()
         local = local_resources(num_cpus, num_gpus, ethosu_slots, kinds)
+        token_auth_quietly(need_token=False)  # Ray's default, without its opt-out nudge
         ray.init(address="local", num_cpus=local.num_cpus, num_gpus=local.num_gpus,
                  resources=local.resources, include_dashboard=False, namespace=namespace,
                  runtime_env=env, logging_level=logging.WARNING)
         _session.embedded = local
         started = True
-    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+    if os.environ.get(AUTH_MODE_ENV, "").lower() == "disabled":
         log.warning("farm: Ray token authentication is disabled (RAY_AUTH_MODE=disabled); "
                     "anyone who can reach the cluster can run code on it")
     return started
@@ -102,6 +120,78 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise FarmError(f"cannot join the Ray cluster at {address!r}: nothing answers at "
                         f"{host}:{port} ({e.strerror or e}); is the head running "
                         "(`ray status` there), and is the port open to this machine?") from None
+
+
+def token_auth_quietly(*, need_token: bool) -> bool:
+    """Turn Ray's token authentication on for this process and its children, as Ray does by
+    default for a local cluster, but without the warning Ray prints then ("Token
+    authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out"): it nudges users to
+    turn security off. ``need_token``: only when a token exists already (``~/.ray/auth_token``
+    or ``RAY_AUTH_TOKEN``), as Ray does for ``address="auto"``; otherwise `ray.init` creates
+    the token of a new local cluster. A ``RAY_AUTH_MODE`` the user set is left as it is.
+    True when token auth is on."""
+    mode = os.environ.get(AUTH_MODE_ENV)
+    if mode is not None:
+        return mode.lower() == "token"
+    # private API: Ray is pinned (pyproject); it sets the variable and refreshes Ray's config
+    from ray._private.authentication import authentication_token_setup as auth
+
+    if need_token and not auth.AuthenticationTokenLoader.instance().has_token(
+            ignore_auth_mode=True):
+        return False
+    auth._enable_token_auth()
+    return True
+
+
+def resolve_address(address: str) -> str:
+    """``auto``: the ``HOST:PORT`` of the cluster `ray.init` would join (the last ``ray
+    start`` on this host, else the one Ray GCS process running here), so that it can be
+    checked before joining; other forms unchanged. FarmError when there is none, or several
+    and no ``ray start`` says which."""
+    if address != "auto":
+        return address
+    from ray._private import services  # private API: Ray is pinned (pyproject)
+
+    try:
+        return str(services.canonicalize_bootstrap_address_or_die("auto"))
+    except (ConnectionError, ValueError) as e:
+        why = " ".join(str(e).split())[:300]
+        raise FarmError(f"cannot join the Ray cluster at 'auto': {why}") from None
+
+
+def check_gcs_answers(address: str, timeout_s: float = GCS_ANSWER_S) -> None:
+    """Fail within ``timeout_s`` when the Ray GCS at a ``HOST:PORT`` address does not answer.
+
+    A port that accepts connections but never answers as Ray's GCS (a stuck head, another
+    program, a cluster of another Ray version) makes `ray.init` retry for minutes, printing
+    "Failed to get cluster ID from GCS server" and deaf to SIGTERM while it waits in C++. So
+    one GCS client asks for the cluster id in a daemon thread first, and this thread waits for
+    it at most ``timeout_s`` (a live GCS answers in milliseconds); while waiting, SIGTERM and
+    SIGINT end the process as usual. ``ray://`` (Ray Client) addresses are left to Ray.
+    """
+    if address.startswith("ray://") or ":" not in address:
+        return
+    from ray._raylet import GcsClient
+
+    answer: list[str | None] = []
+
+    def ask() -> None:
+        try:
+            GcsClient(address=address).cluster_id  # noqa: B018 - the request is the point
+            answer.append(None)
+        except Exception as e:  # any failure is the answer
+            answer.append(f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+
+    probe = threading.Thread(target=ask, name="gcs-probe", daemon=True)
+    probe.start()
+    probe.join(timeout_s)
+    if not answer:
+        raise FarmError(f"cannot join the Ray cluster at {address!r}: something listens there "
+                        f"but no Ray GCS answered within {timeout_s:g} s (a stuck head, "
+                        "another program on that port, or a Ray of another version?); "
+                        "`ray status --address` there says which")
+    if answer[0] is not None:
+        raise FarmError(f"cannot join the Ray cluster at {address!r}: {answer[0]}")
 
 
 def shutdown() -> None:

@@ -118,6 +118,9 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
         "verify_errors": dict(v.errors),
         "verify_rounds": rounds,
         "singles_ineligible": dict(v.ineligible),
+        # each plan's and whole model's round medians in this run, in round order: the
+        # written plan is compared with each of them round by round (`noise.paired`)
+        "verify_round_medians_s": {n: list(r) for n, r in v.round_medians.items()},
     })
     kept, note = _keep(opts, graph, v, mix, mix_result, plans[mix], builder, rounds, info)
     best = v.best_single
@@ -209,12 +212,14 @@ def _against_best(opts: PostSearchOptions, graph: DataflowGraph, v: VerifyResult
     if whole:
         return Kept.PLAN, f"the plan is the best single toolchain's ({best}) whole model"
     if wins:
-        return Kept.PLAN, (f"the plan beats the best single toolchain {best} beyond noise in "
+        return Kept.PLAN, (f"the {'Dijkstra' if mix == 'dijkstra' else mix} plan beats the "
+                           f"best single toolchain {best} beyond noise in "
                            f"two interleaved runs ({mix_s * 1e3:.4f} ms vs "
                            f"{best_s * 1e3:.4f} ms; per-round ratio {cmp.ratio:.3f}, noise "
                            f"{thr:.1%})")
     return Kept.BEST_SINGLE, (
-        f"the plan ({mix_s * 1e3:.4f} ms measured) is not faster than the best "
+        f"the {'Dijkstra' if mix == 'dijkstra' else mix} plan ({mix_s * 1e3:.4f} ms measured) "
+        f"is not faster than the best "
         f"single toolchain {best} ({best_s * 1e3:.4f} ms) beyond noise "
         f"(per-round ratio {cmp.ratio:.3f}, noise {cmp.threshold:.1%}"
         f"{'' if cmp.pairs else ', unpaired'}"
@@ -262,7 +267,10 @@ def _for_report(info: dict, builder: PlanBuilder, out_result: SearchResult,
         "refined_measured_s": info["refined_measured_s"], "refine": info["refine"],
         "mix_measured_s": info["mix_measured_s"],
     }
-    if per_partition:
+    if per_partition and len(out_result.partitions) == 1:
+        # one partition is the whole plan: its figure is the plan's, from the same run
+        measured["partition_measured_s"] = {"p000": info["plan_measured_s"]}
+    elif per_partition:
         try:
             ex = builder.executor(parts_of(out_result),
                                   [p.cost.seconds for p in out_result.partitions])

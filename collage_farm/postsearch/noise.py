@@ -12,6 +12,11 @@ run would not reproduce. Without round data (one round, or a caller's summaries 
 unpaired rule stands: ``max(NOISE_FLOOR, NOISE_SIGMAS * sqrt(cv_a^2 + cv_b^2) /
 sqrt(rounds))`` on the medians, the cv's being those of each side's round medians
 (`Summary.cv`).
+
+Each comparison also carries a 95% interval for the ratio (`Paired.low`, `Paired.high`):
+``exp(median log ratio -/+ t * 1.25 * sd(log ratios) / sqrt(pairs))``, ``t`` the Student
+quantile for ``pairs - 1`` degrees of freedom (`t_quantile_95`), the same standard error the
+threshold uses; unpaired, the cv's of both medians give it with the normal quantile.
 """
 
 from __future__ import annotations
@@ -24,11 +29,24 @@ import numpy as np
 
 from runners.base import Summary
 
-__all__ = ["NOISE_FLOOR", "NOISE_SIGMAS", "Paired", "beyond_noise", "noise_threshold", "paired"]
+__all__ = ["NOISE_FLOOR", "NOISE_SIGMAS", "Paired", "beyond_noise", "noise_threshold", "paired",
+           "t_quantile_95"]
 
 NOISE_FLOOR = 0.03
 NOISE_SIGMAS = 2.5
 MEDIAN_SE = 1.2533  # standard error of a median / standard error of a mean (normal samples)
+Z_95 = 1.959964  # two-sided 95% normal quantile
+
+
+def t_quantile_95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom: the
+    Cornish-Fisher expansion around the normal quantile (within 1% of the exact value from
+    ``df`` 3 up; 4.17 for the exact 4.30 at ``df`` 2); the normal quantile for ``df`` < 1."""
+    if df < 1:
+        return Z_95
+    z, v = Z_95, float(df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3))
 
 
 def noise_threshold(a: Summary, b: Summary, rounds: int) -> float:
@@ -50,6 +68,8 @@ class Paired:
     ratio: float  # a / b: the median of the per-round ratios (paired), else of the medians
     threshold: float  # relative difference below which a and b are the same
     pairs: int  # rounds compared pairwise; 0 = the unpaired rule decided
+    low: float = math.nan  # 95% interval of ``ratio`` (see module doc); NaN when unknown
+    high: float = math.nan
 
     @property
     def a_faster(self) -> bool:
@@ -59,7 +79,9 @@ class Paired:
         return self.ratio < (1.0 - self.threshold) * (1.0 - 1e-12)
 
     def to_json(self) -> dict:
-        return {"ratio": self.ratio, "threshold": self.threshold, "pairs": self.pairs}
+        finite = math.isfinite(self.low) and math.isfinite(self.high)
+        return {"ratio": self.ratio, "threshold": self.threshold, "pairs": self.pairs,
+                "low": self.low if finite else None, "high": self.high if finite else None}
 
 
 def paired(a: Summary, b: Summary, a_rounds: Sequence[float] = (),
@@ -70,7 +92,16 @@ def paired(a: Summary, b: Summary, a_rounds: Sequence[float] = (),
     if len(pairs) >= 3:
         logs = [math.log(x / y) for x, y in pairs]
         sd = float(np.std(logs, ddof=1))
-        thr = max(NOISE_FLOOR, NOISE_SIGMAS * MEDIAN_SE * sd / math.sqrt(len(pairs)))
-        return Paired(float(math.exp(float(np.median(logs)))), thr, len(pairs))
+        se = MEDIAN_SE * sd / math.sqrt(len(pairs))
+        thr = max(NOISE_FLOOR, NOISE_SIGMAS * se)
+        mid = float(np.median(logs))
+        half = t_quantile_95(len(pairs) - 1) * se
+        return Paired(float(math.exp(mid)), thr, len(pairs), math.exp(mid - half),
+                      math.exp(mid + half))
     ratio = a.median / b.median if b.median > 0 else math.inf
-    return Paired(ratio, noise_threshold(a, b, rounds), 0)
+    ca = a.cv if math.isfinite(a.cv) else 0.0
+    cb = b.cv if math.isfinite(b.cv) else 0.0
+    half = Z_95 * math.hypot(ca, cb) / math.sqrt(max(1, rounds))
+    low, high = ((ratio * math.exp(-half), ratio * math.exp(half))
+                 if math.isfinite(ratio) and ratio > 0 else (math.nan, math.nan))
+    return Paired(ratio, noise_threshold(a, b, rounds), 0, low, high)

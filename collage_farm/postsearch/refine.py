@@ -151,8 +151,10 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
             log_.append(Trial(mv.kind, mv.description, "accepted" if ok else "rejected",
                               a.median, b.median, cmp.threshold, ratio=cmp.ratio,
                               pairs=cmp.pairs))
-            log.info("refine: %s: %.4f -> %.4f ms (%s)", mv.description, a.median * 1e3,
-                     b.median * 1e3, "kept" if ok else "not beyond noise")
+            log.info("refine: %s: %.4f -> %.4f ms, per-round ratio %.3f (%s)", mv.description,
+                     a.median * 1e3, b.median * 1e3, cmp.ratio,
+                     "kept" if ok else "rejected: slower" if cmp.ratio > 1 + cmp.threshold
+                     else "rejected: not faster beyond noise")
             if ok:
                 cur, cur_fn = tuple(ordered), fn
                 improved = True

@@ -19,8 +19,11 @@ import logging
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -319,7 +322,16 @@ class CliResult:
     stdout: str
 
 
-def _cli_cases(root: Path) -> dict[str, CliCase]:
+@pytest.fixture(scope="module")
+def silent_port() -> Iterator[int]:
+    """A TCP port that completes connections (the kernel's backlog) and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
+
+
+def _cli_cases(root: Path, silent_port: int) -> dict[str, CliCase]:
     cases: dict[str, CliCase] = {}
     for name, (make, message) in BAD_MODELS.items():
         d = root / "models" / name
@@ -429,6 +441,12 @@ def _cli_cases(root: Path) -> dict[str, CliCase]:
     cases["ray:bad_address"] = CliCase(
         ("tune", "zoo:mnist", "--targets", "ort-cpu", "--address", "no-such-format", "--out",
          str(out)), r"cannot join the Ray cluster at 'no-such-format'", out)
+    # a port that accepts connections but never answers as a Ray GCS: given up within
+    # seconds (ray.init retried it for minutes); Ray's C++ client warns once on its own line
+    out = root / "out" / "ray:silent_gcs"
+    cases["ray:silent_gcs"] = CliCase(
+        ("tune", "zoo:mnist", "--targets", "ort-cpu", "--address", f"127.0.0.1:{silent_port}",
+         "--out", str(out)), r"no Ray GCS answered within 10 s", out, one_line=False)
     # plan directories for `run`: exit 2 and one line (exit 1 means a numerics mismatch)
     for name, (d, extra, message) in _bad_plans(root / "plans").items():
         cases[f"plan:{name}"] = CliCase(("run", str(d), *extra, "--no-singles", "--rounds",
@@ -526,7 +544,8 @@ def _run(argv: tuple[str, ...], console: bool = False) -> CliResult:
 SUBPROCESS_CASES = ("model:truncated", "model:over_2gib_external_data", "config:malformed_yaml",
                     "shape:not_integers", "args:offline_without_table", "cluster:typo",
                     "costs:offline_bad_files", "out:earlier_plan_untouched",
-                    "ray:bad_address", "ray:nothing_listens")  # no ray.init in this process
+                    "ray:bad_address", "ray:nothing_listens", "ray:silent_gcs")
+# (no ray.init in this process)
 
 
 def _run_here(argv: tuple[str, ...]) -> CliResult:
@@ -546,10 +565,10 @@ def _run_here(argv: tuple[str, ...]) -> CliResult:
 
 
 @pytest.fixture(scope="module")
-def cli_runs(tmp_path_factory: pytest.TempPathFactory
+def cli_runs(tmp_path_factory: pytest.TempPathFactory, silent_port: int
              ) -> Iterator[tuple[dict[str, CliCase], dict[str, CliResult]]]:
     root = tmp_path_factory.mktemp("cli")
-    cases = _cli_cases(root)
+    cases = _cli_cases(root, silent_port)
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {k: pool.submit(_run, cases[k].argv) for k in SUBPROCESS_CASES}
         results = {k: _run_here(c.argv) for k, c in cases.items() if k not in futures}
@@ -570,7 +589,7 @@ def _cli_case_ids() -> list[str]:
         "args:offline_without_table", "out:earlier_plan_untouched", "cluster:typo",
         "cluster:malformed", "cluster:missing", "costs:offline_bad_files",
         "costs:missing_dir", "out:is_a_file", "table:is_a_file", "ray:bad_address",
-        "ray:nothing_listens"] + [
+        "ray:nothing_listens", "ray:silent_gcs"] + [
         f"plan:{n}" for n in (
             "binary_json", "nul_path", "dir_path", "corrupt_partition", "no_partitions",
             "swapped_files", "garbage_model", "unknown_shape_input")])
@@ -593,6 +612,67 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(
             assert (case.out / "plan.json").read_text() == '{"earlier": true}'
         else:
             assert not case.out.exists(), sorted(case.out.rglob("*"))
+
+
+def test_a_target_that_cannot_run_here_is_refused_before_ray(tmp_path: Path) -> None:
+    """The embedded farm runs every target here: ort-cuda without a CUDA EP is refused with
+    the reason `targets list --check` gives, before Ray starts, and nothing is written."""
+    from collage_farm.cli.targets import toolchain_unavailable
+
+    why = toolchain_unavailable("ort-cuda")
+    if why is None:
+        pytest.skip("ort-cuda runs on this machine")
+    out = tmp_path / "out"
+    t0 = time.perf_counter()
+    res = _run_here(("tune", "zoo:mnist", "--targets", "ort-cpu,ort-cuda", "--out", str(out)))
+    assert res.returncode == 2, res.stderr
+    assert time.perf_counter() - t0 < 10  # no Ray started (that alone takes ~5-15 s here)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "ort-cuda cannot run on this machine" in lines[0], lines
+    assert why in lines[0] and "targets list --check" in lines[0]
+    assert not out.exists()
+    check = _run_here(("targets", "list", "--check"))
+    assert why in check.stdout  # the same reason
+
+
+def test_joining_a_silent_cluster_ends_on_sigterm(tmp_path: Path, silent_port: int) -> None:
+    """While it waits for a Ray GCS that does not answer, `tune` ends on SIGTERM at once."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)
+    p = subprocess.Popen([sys.executable, "-m", "collage_farm.cli", "tune", "zoo:mnist",
+                          "--targets", "ort-cpu", "--address", f"127.0.0.1:{silent_port}",
+                          "--out", str(tmp_path / "out")], cwd=REPO, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(4.0)  # imports, model load, then the wait for the GCS
+        assert p.poll() is None, "gave up before the signal: raise the sleep"
+        p.send_signal(signal.SIGTERM)
+        t0 = time.perf_counter()
+        rc = p.wait(timeout=10)
+        assert time.perf_counter() - t0 < 3
+        assert rc in (-signal.SIGTERM, 128 + signal.SIGTERM, 130), rc
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (("zoo", "export"), ("built-in model", "the ONNX file to write", "layers of a transformer",
+                         "seed of the random weights")),
+    (("compare",), ("default: ort-cpu,openvino-cpu", "bind a dynamic input shape")),
+    (("tune",), ("HOST:PORT", "ray://HOST:PORT", "auto", "default: ort-cpu,openvino-cpu")),
+    (("targets", "list"), ("List the built-in systems",)),
+])
+def test_help_texts_are_complete(argv: tuple[str, ...], expected: tuple[str, ...],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal's width
+    res = _run_here((*argv, "--help"))
+    assert res.returncode == 0
+    text = " ".join(res.stdout.split())
+    for e in expected:
+        assert e in text, (e, res.stdout)
+    if argv[0] == "targets":
+        assert "targets list`" not in text  # not "see `collage-farm targets list`" in itself
 
 
 def test_cli_offline_names_every_skipped_cost_table_file(

@@ -157,7 +157,8 @@ def test_round_trip_pyarrow_pandas_duckdb(tmp_path: Path) -> None:
     write_rows(d, rows, per_file=7)
     # a crashed writer's leftover in the staging dir must not bother anyone
     stage = ct.staging_dir(d)
-    assert stage != d and stage.parent == d.parent
+    assert stage == d / ".staging"  # hidden inside the table: nothing beside it
+    assert sorted(p.name for p in d.parent.iterdir()) == ["costs"]
     (stage / "host-1-0123456789abcdef0123456789abcdef.parquet.tmp").write_bytes(b"PAR1garbage")
     assert len(list(d.glob("*.parquet"))) == 5
 
@@ -268,10 +269,11 @@ def test_failed_flush_keeps_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 def test_in_directory_staging_fallback(tmp_path: Path) -> None:
     d = tmp_path / "t"
-    (tmp_path / "t.staging").write_text("a file where the staging dir would go")
+    d.mkdir()
+    (d / ".staging").write_text("a file where the staging dir would go")
     write_rows(d, simple_rows(4), per_file=2)
     assert ct.staging_dir(d) == d
-    assert len(list(d.glob("*.parquet"))) == 2 and not list(d.glob(".*"))
+    assert len(list(d.glob("*.parquet"))) == 2 and not list(d.glob(".staging-*"))
     assert duck_count(d) == 4
     assert compact(d).rows == 4
     assert (d / "_compact.lock").exists()  # ignored by pyarrow (leading _), not *.parquet
@@ -476,6 +478,8 @@ def _run_child(code: str) -> subprocess.Popen:
 
 def _assert_only_complete_files(d: Path) -> pa.Table:
     for p in d.iterdir():
+        if p.name == ".staging" and p.is_dir():  # staged files, hidden from readers
+            continue
         assert p.name.startswith("part-") and p.suffix == ".parquet", p
         pq.read_table(p)  # every file in the directory is whole
     n = duck_count(d)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +20,16 @@ from collage_farm.costtable import CostTable, CostTableWriter, TableStore, row_f
 from estimators.analytic import FAST_CONV_FACTOR, AnalyticEstimator, node_flops, sub_graph_work
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
-from estimators.sources import MeasurementService, Strictness
+from estimators.sources import Strictness
 from estimators.table import MissingCostsError, TableEstimator
 from runners.base import (
     DeviceDescription,
     MeasureConfig,
-    MeasureRequest,
     MeasureResult,
     Status,
     Summary,
 )
+from tests.helpers import SCRIPTED_DEVICE, ScriptedService
 
 ORT = BUILTIN_TARGETS["ort-cpu"]
 
@@ -311,7 +310,7 @@ def test_offline_campaign_filters_rows_by_mode_only_when_asked(tmp_path: Path,
     """``tune --offline --measure-mode M`` uses only rows taken in M; without it, any mode."""
     from collage_farm.campaign import TuneOptions, make_estimator
     from collage_farm.costtable import CostTableWriter, row_from_result
-    from runners.base import DeviceDescription, MeasureConfig, MeasureResult, Status, Summary
+    from runners.base import MeasureConfig, MeasureResult, Status, Summary
 
     c = _cand(tiny, ["conv"])
     res = MeasureResult(c.fingerprint, ORT, Status.OK, MeasureConfig(mode="warm"),
@@ -341,7 +340,7 @@ def test_no_cover_names_the_failures_of_the_node_it_stopped_at(tmp_path: Path) -
     from collage_farm.core.search import NoCoverError
     from collage_farm.core.target import parse_targets
     from collage_farm.costtable import CostTableWriter, row_from_result
-    from runners.base import DeviceDescription, MeasureConfig, MeasureResult, Status, Summary
+    from runners.base import MeasureConfig, MeasureResult, Status, Summary
 
     zoo = _zoo()
     graph = load_graph(zoo.build("mnist"), name="mnist")
@@ -373,40 +372,6 @@ def test_no_cover_names_the_failures_of_the_node_it_stopped_at(tmp_path: Path) -
 # the farm estimator on its contracts: a scripted measurement service, a real cost table
 
 
-class ScriptedService(MeasurementService):
-    """Measures every request at ``seconds`` (steady rounds) and records the progress calls."""
-
-    def __init__(self, seconds: float = 1e-3) -> None:
-        self.seconds = seconds
-        self.measured: list[str] = []
-        self.progress: list[tuple] = []
-        self.closed = False
-
-    def measure(self, requests: Iterable[MeasureRequest]) -> Iterator[MeasureResult]:
-        for r in requests:
-            self.measured.append(r.fingerprint)
-            samples = (self.seconds,) * 3
-            yield MeasureResult(r.fingerprint, r.target, Status.OK, r.config, samples=samples,
-                                summary=Summary.of(samples, samples), device=SCRIPTED_DEVICE,
-                                toolchain_version="1")
-
-    def describe(self, target: Target) -> tuple[DeviceDescription | None, str] | None:
-        return SCRIPTED_DEVICE, "1"
-
-    def expect(self, total: int, hits: int = 0, kinds: Mapping[str, int] | None = None) -> None:
-        self.progress.append(("expect", total, hits, dict(kinds or {})))
-
-    def settle(self) -> None:
-        self.progress.append(("settle",))
-
-    def finish(self) -> None:
-        self.progress.append(("finish",))
-
-    def close(self) -> None:
-        self.closed = True
-
-
-SCRIPTED_DEVICE = DeviceDescription("cpu", "scripted", 1)
 
 
 def test_farm_estimator_records_in_the_store_and_confirms_through_it(

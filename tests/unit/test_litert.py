@@ -265,3 +265,31 @@ def test_cache_modes_measure_and_leave_the_interpreter_usable(tc, mode: str) -> 
     feeds = random_inputs(model, 2)
     np.testing.assert_allclose(tc.run_outputs(build, feeds)["y2"],
                                _ort_outputs(model, feeds)["y2"], rtol=RTOL, atol=ATOL)
+
+
+def test_stderr_keeps_everything_but_the_xnnpack_note() -> None:
+    """LiteRT's C++ "Created TensorFlow Lite XNNPACK delegate" line (once per process, on fd 2)
+    is dropped; anything else written to fd 2 meanwhile comes through. A fresh interpreter
+    process, since the line is printed once per process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import os
+from collage_farm import zoo
+from runners import litert
+from runners.tflite import convert
+data = convert(zoo.build("mnist").SerializeToString(), mode="fp32").tflite
+with litert._without_xnnpack_note():
+    os.write(2, b"kept while captured\\n")
+    h = litert.LiteRTToolchain()._make(data, 1)
+print("delegated", h.xnnpack_partitions)
+"""
+    repo = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(repo)})
+    assert r.returncode == 0, r.stderr
+    assert "delegated" in r.stdout
+    assert "XNNPACK" not in r.stderr, r.stderr
+    assert "kept while captured" in r.stderr

@@ -84,4 +84,6 @@ def test_verify_result_compares_by_round_and_aliases_share_rounds() -> None:
     assert isinstance(c, Paired) and c.pairs == 4 and c.ratio == pytest.approx(0.9)
     assert v.beats("mix", "ort-cpu") and not v.beats("ort-cpu", "mix")
     assert v.threshold("mix", "ort-cpu") == c.threshold
-    assert c.to_json() == {"ratio": c.ratio, "threshold": c.threshold, "pairs": 4}
+    assert c.to_json() == {"ratio": c.ratio, "threshold": c.threshold, "pairs": 4,
+                           "low": c.low, "high": c.high}
+    assert c.low <= c.ratio <= c.high  # a 95% interval of the per-round ratio

@@ -80,3 +80,25 @@ def _first_dag():
     from tests.unit.test_subgraph import _chain
 
     return _chain(6)
+
+
+def test_plan_files_get_the_users_umask(tmp_path):
+    """plan.json, partition files and the report are written as any file the user writes:
+    mode 0666 less the umask (a temporary file renamed into place was 0600)."""
+    import os
+    import stat
+
+    from collage_farm.campaign import TuneOptions, run_tune
+    from collage_farm.core.target import parse_targets
+
+    old = os.umask(0o027)
+    try:
+        run_tune(TuneOptions(model="zoo:mnist", targets=tuple(parse_targets("ort-cpu")),
+                             out=tmp_path / "out", estimator="mock"))
+    finally:
+        os.umask(old)
+    files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"plan.json", "report.html"}
+    assert any(p.parent.name == "partitions" for p in files)
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o640, (p, oct(p.stat().st_mode))
