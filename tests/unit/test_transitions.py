@@ -108,8 +108,10 @@ def test_measured_rows_written_read_back_fitted_and_reused_offline(tmp_path) -> 
     assert len(CostTable(table).files()) == n_files and again.handoffs == m.handoffs
     off = measured_transition_model(CostTable(table), [ORT], measure=False, config=FAST)
     assert isinstance(off, MeasuredTransitionModel) and off.handoffs == m.handoffs
+    # an offline campaign reads the rows of the mode its options name (by default the mode a
+    # farm campaign times candidates in), as the campaign that measured them did
     opts = TuneOptions(model="zoo:mnist", targets=(ORT,), out=tmp_path / "out",
-                       estimator="offline", cost_table=table)
+                       estimator="offline", cost_table=table, measure_mode=FAST.mode)
     chosen = choose_transition(opts, MockEstimator(), measure=True)
     assert isinstance(chosen, MeasuredTransitionModel)
     assert chosen.handoffs == m.handoffs
