@@ -1,7 +1,8 @@
 """`Farm`: the runner actors on a Ray cluster, as a `MeasurementService`.
 
-`Farm.start` joins or starts Ray (`collage_farm.farm.connect`), plans one runner per
-measurement slot the nodes advertise (`collage_farm.farm.resources`) and launches them
+`Farm.start` joins or starts Ray (`collage_farm.farm.connect`), plans the runners the nodes'
+resources allow (`collage_farm.farm.resources`: CPU runners per host as `collage_farm.farm.slots`
+decides, by default one per last-level-cache domain) and launches them
 (`collage_farm.farm.actor.RunnerActor`, one actor per slot, hard node affinity, restarted by Ray
 up to ``max_restarts`` times, no Ray task retries). `Farm.measure` hands each call to a fresh
 `collage_farm.farm.dispatch.Dispatcher` over the farm's runners; the runners' records, the
@@ -133,12 +134,12 @@ class Farm(MeasurementService):
         actor: type[RunnerActor] = RunnerActor,
         slots: int | None = None,
     ) -> Farm:
-        """Start (or join) Ray and one runner actor per measurement slot.
+        """Start (or join) Ray and the runner actors its nodes can hold.
 
         ``address``: ``None`` starts an embedded local Ray with detected resources (unless
         ``RAY_ADDRESS`` is set, or Ray is already initialised in this process, which is then
-        used as is); ``"auto"`` or ``"ray://HOST:PORT"`` joins a cluster. ``num_cpus``: CPU
-        measurement slots of an embedded Ray (default: all cores). ``toolchains``: those to
+        used as is); ``"auto"`` or ``"ray://HOST:PORT"`` joins a cluster. ``num_cpus``: cores
+        an embedded Ray advertises for CPU measurement (default: all). ``toolchains``: those to
         serve (default: every registered toolchain). ``max_runners`` caps runners (benchmarks).
         ``actor``: the runner actors' body (a `RunnerActor` subclass may add behaviour).
         ``slots``: CPU runners per host, forced (``tune --slots``); by default one per
@@ -151,9 +152,8 @@ class Farm(MeasurementService):
         owns = connect(address, num_cpus=num_cpus, num_gpus=num_gpus, ethosu_slots=ethosu_slots,
                        toolchains=list(kinds), namespace=namespace, runtime_env=runtime_env)
         nodes = alive_nodes()
-        slot_plan = plan_slots(nodes, forced=slots, records=(
-            records_for_nodes(nodes, load_bias_records(), _node_cpu) if "cpu" in kinds.values()
-            else {}))
+        slot_plan = (plan_slots(nodes, forced=slots, records=records_for_nodes(
+            nodes, load_bias_records(), _node_cpu)) if "cpu" in kinds.values() else SlotPlan(()))
         specs = plan_runners(nodes, kinds, build_timeout_s=build_timeout_s,
                              gpu_cores=gpu_cores_here(), slots=slot_plan)
         if max_runners is not None:

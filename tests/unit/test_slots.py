@@ -198,3 +198,16 @@ def test_bias_records_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> 
     assert "ignoring the slot bias records" in caplog.text
     path.write_text(json.dumps({"records": {"h1|EPYC": {"host": "h1"}}}))
     assert load_bias_records(path) == {}
+
+
+def test_summary_line_says_how_many_and_why() -> None:
+    from collage_farm.cli.tune import _slots_line
+
+    plan = plan_slots([node("a" * 16, {"CPU": 2, "cpu_slot_0": 1, "cpu_slot_1": 1,
+                                       "cpu_llc_0to1": 1})], forced=2,
+                      records={"a" * 16: rec(0.24)})
+    line = _slots_line(plan.to_json())
+    assert line == ("measured with 2 CPU slot(s) (forced: --slots 2 per host; measured "
+                    "concurrency bias h1 +24.0% at 2 per domain)")
+    assert _slots_line(plan_slots([node("b" * 16, {"CPU": 1})]).to_json()) == (
+        "measured with 1 CPU slot(s) (llc-domains)")
