@@ -345,7 +345,7 @@ def bench_pruning(model: str, image_size: int, depth: int, table_root: Path,
         f"## 4. Pruning savings ({model} {image_size}x{image_size}, ort-cpu + openvino-cpu, "
         f"depth <= {depth})",
         "",
-        f"{len(cands)} candidates, {n_fp} distinct fingerprints; all runners; fresh tables.",
+        f"{len(cands)} candidates, {n_fp} distinct fingerprints; the default slots; fresh tables.",
         "",
         "| lazy lower bounds | measured | bound asked, never measured | campaign wall | "
         "plan estimate | partitions |",
