@@ -102,6 +102,7 @@ class TuneOptions:
     campaign_id: str = ""
     strictness: str = "exact"
     num_cpus: int | None = None
+    slots: int | None = None  # CPU runners per host, forced (default: one per LLC domain)
     # after the search (measured campaigns only; see `post_search`)
     verify: bool = True  # never worse: plan vs each single toolchain, measured end to end
     refine_trials: int = DEFAULT_REFINE_TRIALS  # measured local moves; 0 disables
@@ -197,7 +198,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
         assert table is not None
         check_writable(table)  # before Ray starts: an unwritable table costs no measurements
         farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
-                          num_cpus=opts.num_cpus)
+                          num_cpus=opts.num_cpus, slots=opts.slots)
         store = TableStore(table, campaign_id=opts.campaign_id)
         est = FarmEstimator(
             farm,
@@ -212,6 +213,13 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
         )
         return est, store.writer
     raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
+
+
+def farm_slots(est: CostEstimator) -> dict | None:
+    """The summary's ``slots``: the CPU runners the campaign's farm measured with and why
+    (`collage_farm.farm.Farm.slots`); None when no farm measured."""
+    farm = getattr(est, "farm", None)
+    return farm.slots() if isinstance(farm, Farm) else None
 
 
 def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
@@ -350,6 +358,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                                                result)
     finally:
         stats = est.stats()
+        slots = farm_slots(est)
         if own:
             est.close()  # closes the writer it opened
     dijkstra = result
@@ -406,6 +415,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "plan": str(Path(opts.out) / "plan.json"),
     }
     summary["confirm"] = confirm_info
+    summary["slots"] = slots
     summary["first_search_estimated_s"] = first_estimate_s
     summary["dijkstra_estimated_s"] = dijkstra.total_s
     summary["dijkstra_partitions"] = len(dijkstra.partitions)

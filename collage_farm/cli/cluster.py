@@ -12,6 +12,7 @@ runners). This check runs without a cloud account and in CI:
    Ray APIs: the project pins ``ray==2.60.0``.
 3. the farm's own rules: some node type must advertise a runner resource (``cpu_slot_<i>``,
    ``GPU`` or ``ethosu_sim``); a node type's ``cpu_slot_*`` count must not exceed its ``CPU``;
+   a last-level-cache domain resource must be spelled ``cpu_llc_<first>to<last>[_...]``;
    a resource that looks like a misspelled runner resource is an error; Ray token
    authentication must not be disabled in start commands; the dashboard should bind to
    localhost (warning).
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from collage_farm.farm.cluster import autoscaler_schema, prepare_and_validate
+from collage_farm.farm.topology import LLC_RESOURCE_PREFIX, parse_domain_resource
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -111,9 +113,16 @@ def _farm_checks(config: Mapping[str, Any], report: CheckReport) -> None:
         for k in res:
             key = str(k)
             if key in ("CPU", "GPU", "memory", "object_store_memory", "ethosu_sim") or \
-                    _SLOT_RE.match(key):
+                    _SLOT_RE.match(key) or parse_domain_resource(key) is not None:
                 continue
-            if difflib.get_close_matches(key, ["cpu_slot_0", "ethosu_sim", "GPU", "CPU"],
+            if key.startswith(LLC_RESOURCE_PREFIX):
+                report.errors.append(
+                    f"available_node_types/{name}/resources: {key!r} is not an LLC domain "
+                    "resource: cpu_llc_<first>to<last>, ranges joined by '_' (cpu_llc_0to7, "
+                    "cpu_llc_0to3_8to11)")
+                continue
+            if difflib.get_close_matches(key, ["cpu_slot_0", "cpu_llc_0to7", "ethosu_sim",
+                                               "GPU", "CPU"],
                                          n=1, cutoff=0.7) or key.lower().startswith(
                                              ("cpu_slot", "ethos")):
                 report.errors.append(
@@ -183,7 +192,8 @@ def check_cluster_config(path: str | Path) -> CheckReport:
 
 def _runner_summary(resources: Mapping[str, float]) -> str:
     slots = sum(1 for k in resources if _SLOT_RE.match(k))
-    parts = [f"{slots} cpu slots"] if slots else []
+    domains = sum(1 for k in resources if parse_domain_resource(k) is not None) or 1
+    parts = [f"{slots} cpu slots in {domains} LLC domain(s)"] if slots else []
     parts += [f"{k} x{v:g}" for k, v in resources.items() if k in ("GPU", "ethosu_sim") and v]
     return ", ".join(parts) or "no runner resources"
 

@@ -64,6 +64,10 @@ def _add_cost_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strictness", default="exact", choices=["exact", "device", "any"],
                    help="cost-table matching (see README)")
     p.add_argument("--num-cpus", type=int, help="CPUs for the embedded Ray")
+    p.add_argument("--slots", type=int, metavar="N",
+                   help="force N CPU measurement slots (runners timing at once) per host; "
+                   "default: one per last-level-cache domain, more only where `bench/farm.py "
+                   "--record-bias` measured the concurrency bias there at <= 2%%")
     p.add_argument("--measure-mode", choices=["warm", "flush", "network"], default=None,
                    help="cache state candidates are timed in (default network: what the rest "
                    "of the model touches is evicted before each run; with --offline: use "
@@ -113,9 +117,11 @@ def _check_tune_args(args: argparse.Namespace) -> None:
     if args.allow_analytic and not args.offline:
         raise UserError("--allow-analytic applies to --offline only")
     for flag, value in (("--max-depth", args.max_depth), ("--num-cpus", args.num_cpus),
-                        ("--layers", args.layers)):
+                        ("--layers", args.layers), ("--slots", args.slots)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be at least 1, not {value}")
+    if args.slots is not None and (args.mock or args.offline):
+        raise UserError("--slots applies to campaigns that measure (not --offline or --mock)")
 
 
 def _targets_from_args(args: argparse.Namespace
@@ -156,6 +162,7 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
         pins=pins,
         strictness=args.strictness,
         num_cpus=args.num_cpus,
+        slots=args.slots,
         verify=not args.no_verify,
         refine_trials=(DEFAULT_REFINE_TRIALS if args.refine_trials is None
                        else max(0, args.refine_trials)),
@@ -214,6 +221,18 @@ def print_summary(s: dict[str, Any]) -> None:
         print(f"warning: {by['no_runner']} candidates had no runner on this cluster (a target "
               "whose device or toolchain no node offers: `collage-farm targets list --check`); "
               "the plan leaves those targets out")
+    if s.get("slots"):
+        print(_slots_line(s["slots"]))
     if s.get("report"):
         print(f"report: {s['report']}")
     print(f"search {s['search_s']:.2f} s, wall {s['wall_s']:.2f} s; plan in {s['plan']}")
+
+
+def _slots_line(slots: dict[str, Any]) -> str:
+    """How many CPU runners measured at once, and why (the summary's ``slots``)."""
+    line = f"measured with {slots['used']} CPU slot(s) ({slots['why']}"
+    if slots.get("forced"):
+        line += f": --slots {slots['forced']} per host"
+    biases = [f"{h['host']} {h['bias']:+.1%} at {h['bias_slots']} per domain"
+              for h in slots.get("per_host", []) if h.get("bias") is not None]
+    return line + (f"; measured concurrency bias {', '.join(biases)}" if biases else "") + ")"

@@ -10,7 +10,10 @@ Modules, one concept each:
 * `messages`: what a runner is and says (`RunnerSpec`, `RunnerInfo`, `RunnerPing`,
   `RunnerStats`), the farm's totals (`FarmStats`) and its error (`FarmError`);
 * `resources`: measurement slots: this machine's (`local_resources`) and the runners a
-  cluster's nodes can hold (`plan_runners`);
+  cluster's nodes can hold (`plan_slots`, `plan_runners`); `topology`, the last-level-cache
+  domains of a host (`llc_domains`) and the ``cpu_llc_*`` resources that declare them; `slots`,
+  how many CPU runners measure at once per host and why (`SlotPlan`, `SlotReason`), and the
+  concurrency-bias records that allow more than one per domain (`BiasRecord`);
 * `connect`: joining or starting Ray (`connect`, `shutdown`), token authentication;
 * `actor`: the runner actor's body (`RunnerActor`, a `runners.local.LocalRunner` on one slot)
   and `journal`, the call journal that tells which call a dead runner was executing;
@@ -44,10 +47,23 @@ from collage_farm.farm.resources import (
     LocalResources,
     local_resources,
     plan_runners,
+    plan_slots,
     toolchain_kinds,
 )
+from collage_farm.farm.slots import (
+    BIAS_LIMIT,
+    BiasRecord,
+    SlotPlan,
+    SlotReason,
+    bias_path,
+    load_bias_records,
+    save_bias_record,
+)
+from collage_farm.farm.topology import llc_domains
 
 __all__ = [
+    "BIAS_LIMIT",
+    "BiasRecord",
     "Farm",
     "FarmError",
     "FarmStats",
@@ -59,10 +75,17 @@ __all__ = [
     "RunnerSpec",
     "RunnerState",
     "RunnerStats",
+    "SlotPlan",
+    "SlotReason",
+    "bias_path",
     "blame",
     "connect",
+    "llc_domains",
+    "load_bias_records",
     "local_resources",
     "plan_runners",
+    "plan_slots",
+    "save_bias_record",
     "shutdown",
     "toolchain_kinds",
 ]

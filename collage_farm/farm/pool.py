@@ -1,7 +1,8 @@
 """`Farm`: the runner actors on a Ray cluster, as a `MeasurementService`.
 
-`Farm.start` joins or starts Ray (`collage_farm.farm.connect`), plans one runner per
-measurement slot the nodes advertise (`collage_farm.farm.resources`) and launches them
+`Farm.start` joins or starts Ray (`collage_farm.farm.connect`), plans the runners the nodes'
+resources allow (`collage_farm.farm.resources`: CPU runners per host as `collage_farm.farm.slots`
+decides, by default one per last-level-cache domain) and launches them
 (`collage_farm.farm.actor.RunnerActor`, one actor per slot, hard node affinity, restarted by Ray
 up to ``max_restarts`` times, no Ray task retries). `Farm.measure` hands each call to a fresh
 `collage_farm.farm.dispatch.Dispatcher` over the farm's runners; the runners' records, the
@@ -14,6 +15,7 @@ import collections
 import contextlib
 import functools
 import logging
+import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -27,11 +29,40 @@ from collage_farm.farm.messages import FarmError, FarmStats, RunnerInfo, RunnerS
 from collage_farm.farm.progress import Progress
 from collage_farm.farm.ray_calls import RayCalls
 from collage_farm.farm.records import Runner, RunnerState
-from collage_farm.farm.resources import ETHOSU_RESOURCE, plan_runners, toolchain_kinds
+from collage_farm.farm.resources import (
+    ETHOSU_RESOURCE,
+    plan_runners,
+    plan_slots,
+    toolchain_kinds,
+)
+from collage_farm.farm.slots import SlotPlan, load_bias_records, node_host, records_for_nodes
 from estimators.sources import MeasurementService
 from runners.base import DeviceDescription, MeasureRequest, MeasureResult
 
 log = logging.getLogger(__name__)
+
+
+def _cpu_model() -> str:
+    return DeviceDescription.host_cpu().name
+
+
+def _node_cpu(node: Mapping[str, Any], timeout_s: float = 60.0) -> str | None:
+    """The CPU model of a ``ray.nodes()`` node: read here for this host, else by a zero-CPU
+    task on that node (None when it does not answer)."""
+    import ray
+    from ray.exceptions import RayError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if node_host(node) == socket.gethostname():
+        return _cpu_model()
+    task = ray.remote(num_cpus=0)(_cpu_model).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+    try:
+        return str(ray.get(task.remote(), timeout=timeout_s))
+    except RayError as e:
+        log.warning("farm: could not read the CPU model of node %s: %s", node["NodeID"][:12],
+                    clip(one_line(e)))
+        return None
 
 
 @functools.cache
@@ -79,6 +110,8 @@ class Farm(MeasurementService):
         self._calls = RayCalls(self.describe)
         self._wall = 0.0
         self._closed = False
+        self.slot_plan = SlotPlan(())  # the CPU runners per host `start` placed, and why
+        self._cpu_started = 0
 
     # --- construction ------------------------------------------------------------------
     @classmethod
@@ -99,30 +132,41 @@ class Farm(MeasurementService):
         startup_timeout_s: float = 180.0,
         max_runners: int | None = None,
         actor: type[RunnerActor] = RunnerActor,
+        slots: int | None = None,
     ) -> Farm:
-        """Start (or join) Ray and one runner actor per measurement slot.
+        """Start (or join) Ray and the runner actors its nodes can hold.
 
         ``address``: ``None`` starts an embedded local Ray with detected resources (unless
         ``RAY_ADDRESS`` is set, or Ray is already initialised in this process, which is then
-        used as is); ``"auto"`` or ``"ray://HOST:PORT"`` joins a cluster. ``num_cpus``: CPU
-        measurement slots of an embedded Ray (default: all cores). ``toolchains``: those to
+        used as is); ``"auto"`` or ``"ray://HOST:PORT"`` joins a cluster. ``num_cpus``: cores
+        an embedded Ray advertises for CPU measurement (default: all). ``toolchains``: those to
         serve (default: every registered toolchain). ``max_runners`` caps runners (benchmarks).
         ``actor``: the runner actors' body (a `RunnerActor` subclass may add behaviour).
+        ``slots``: CPU runners per host, forced (``tune --slots``); by default one per
+        last-level-cache domain, more where a concurrency bias <= 2% was measured
+        (`collage_farm.farm.slots`).
         """
+        if slots is not None and slots < 1:
+            raise ValueError(f"slots must be at least 1, not {slots}")
         kinds = toolchain_kinds(toolchains)
         owns = connect(address, num_cpus=num_cpus, num_gpus=num_gpus, ethosu_slots=ethosu_slots,
                        toolchains=list(kinds), namespace=namespace, runtime_env=runtime_env)
-        specs = plan_runners(alive_nodes(), kinds, build_timeout_s=build_timeout_s,
-                             gpu_cores=gpu_cores_here())
+        nodes = alive_nodes()
+        slot_plan = (plan_slots(nodes, forced=slots, records=records_for_nodes(
+            nodes, load_bias_records(), _node_cpu)) if "cpu" in kinds.values() else SlotPlan(()))
+        specs = plan_runners(nodes, kinds, build_timeout_s=build_timeout_s,
+                             gpu_cores=gpu_cores_here(), slots=slot_plan)
         if max_runners is not None:
             specs = specs[:max_runners]
         prog = progress if isinstance(progress, Progress) else Progress(enabled=progress)
         farm = cls(owns_ray=owns, depth=depth, crash_limit=crash_limit, progress=prog,
                    actor=actor)
         farm._kinds = dict(kinds)
+        farm.slot_plan = slot_plan
         # the runners get it too: a Ray initialised earlier (or a cluster joined) ignores the
         # runtime_env handed to `connect`
         farm._runtime_env = dict(runtime_env) if runtime_env else None
+        slot_plan.log()
         try:
             farm._launch(specs, startup_timeout_s)
         except BaseException:
@@ -147,6 +191,7 @@ class Farm(MeasurementService):
             for tc, why in r.info.unavailable:
                 log.info("farm: runner %s cannot serve %s: %s", r.name, tc, why)
         counts = collections.Counter(r.kind for r in alive)
+        self._cpu_started = counts.get("cpu", 0)
         nodes = {r.spec.node_id for r in alive}
         served = sorted({tc for r in alive if r.info for tc in r.info.toolchains})
         log.info("farm: %d runners (%s) on %d node(s), serving %s", len(alive),
@@ -199,6 +244,11 @@ class Farm(MeasurementService):
     def runners(self) -> list[RunnerInfo]:
         return [r.info for r in self._runners
                 if r.info is not None and r.state is not RunnerState.DEAD]
+
+    def slots(self) -> dict[str, Any]:
+        """The campaign summary's ``slots``: CPU runners that started (``used``), ``why``
+        (``llc-domains``, ``measured-bias <= 2%`` or ``forced``) and the decision per host."""
+        return self.slot_plan.to_json(used=self._cpu_started)
 
     def results_by_node(self) -> dict[str, int]:
         """Node id -> results its runners have returned so far (thread-safe enough: ints)."""

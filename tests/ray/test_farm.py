@@ -91,7 +91,7 @@ def estimate_once(farm: Any, table: Path, cands: list[CandidatePartition], campa
 
 
 def test_measure_batch_null_and_ort(make_farm: Any) -> None:
-    farm = make_farm()
+    farm = make_farm(slots=2)  # two runners in one LLC domain: parallel dispatch is tested
     assert len(farm.runners) == 2
     assert all(set(r.toolchains) == {"null", "ort-cpu"} for r in farm.runners)
     assert {r.cores for r in farm.runners} == {(0,), (1,)}  # pinned, one core each
@@ -159,7 +159,7 @@ def test_runner_killed_mid_campaign(make_farm: Any, tmp_path: Path) -> None:
     from collage_farm.costtable import TableStore
     from estimators.measured import FarmEstimator
 
-    farm = make_farm(toolchains=["null"])
+    farm = make_farm(toolchains=["null"], slots=2)  # one is killed, the other goes on
     cands = candidates("random_dag", depth=2, target=null_target(sleep_s=0.08))
     distinct = {c.fingerprint for c in cands}
     victim = farm._runners[0]
@@ -191,7 +191,7 @@ def test_runner_killed_mid_campaign(make_farm: Any, tmp_path: Path) -> None:
 def test_candidate_crashing_its_runner_twice_is_recorded_crashed(make_farm: Any,
                                                                  tmp_path: Path) -> None:
 
-    farm = make_farm(toolchains=["null"], actor=FaultDrillRunner)
+    farm = make_farm(toolchains=["null"], actor=FaultDrillRunner, slots=2)
     # the runner *actor process* exits whenever it is handed this one candidate
     cands = candidates("mnist", target=null_target(farm_exit_on=":conv2/relu", sleep_s=0.02))
     culprits = {c.fingerprint for c in cands if c.label().endswith(":conv2/relu")}
@@ -223,7 +223,7 @@ def test_call_whose_reply_died_with_its_runner_is_not_struck(make_farm: Any) -> 
     record it ``crashed`` after two strikes. The restarted runner's call journal says the call
     had finished, so it is re-queued without a strike and measured by a restarted runner.
     """
-    farm = make_farm(toolchains=["null"], actor=FaultDrillRunner)
+    farm = make_farm(toolchains=["null"], actor=FaultDrillRunner, slots=2)
     cands = candidates("mnist", target=null_target(farm_exit_after=":conv1/relu"))
     reqs = [q for q in requests_for(cands) if q.label.endswith(":conv1/relu")]
     assert len(reqs) == 1

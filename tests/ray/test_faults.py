@@ -37,7 +37,7 @@ def test_segfault_hang_and_leak_each_cost_one_row(make_farm: Any, tmp_path: Path
 
     # 6 s: the leak needs ~0.15 s to pass the cap, but a worker restarted after the hang may
     # need seconds to start on a loaded 2-core CI machine (it was timed out at 3 s once)
-    farm = make_farm(toolchains=["null"], build_timeout_s=6.0,
+    farm = make_farm(toolchains=["null"], build_timeout_s=6.0, slots=2,
                      runtime_env={"env_vars": {"COLLAGE_WORKER_MAX_RSS_MB": "400"}})
     patterns = {"segv": ":conv1/relu", "hang": ":pool1", "leak": ":conv2/relu"}
     target = null_target(crash_on=patterns["segv"], crash_mode="segv", hang_on=patterns["hang"],

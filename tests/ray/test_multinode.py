@@ -1,8 +1,10 @@
 """A real multi-node farm on loopback: head + worker node with different resources.
 
 The session cluster (conftest) is a `ray.cluster_utils.Cluster`; this test adds a worker node
-with its own resources (one ``cpu_slot_0``, one CPU, a marker resource), checks that a campaign
-spreads over both nodes, then removes the worker node mid-campaign: its runner is retired (no
+with its own resources (one ``cpu_slot_0``, one CPU, a marker resource), checks that a default
+farm scales out with one CPU runner per last-level-cache domain per node (the head's two cores
+share one; the worker declares none, so it is one domain) and that a campaign spreads over both
+nodes, then removes the worker node mid-campaign: its runner is retired (no
 strike against the candidate it was running), its work goes to the head's runners, and the
 campaign completes with every fingerprint in the cost table exactly once.
 """
@@ -37,8 +39,9 @@ def test_campaign_spreads_over_two_nodes_and_survives_losing_one(
 
         farm = make_farm(toolchains=["null"])
         runners = farm.runners
-        assert len(runners) == 3
-        assert Counter(r.node_id == worker_id for r in runners) == {False: 2, True: 1}
+        assert len(runners) == 2
+        assert Counter(r.node_id == worker_id for r in runners) == {False: 1, True: 1}
+        assert farm.slots()["used"] == 2 and farm.slots()["why"] == "llc-domains"
 
         cands = candidates("random_dag", depth=3, target=null_target(sleep_s=0.06))
         distinct = {c.fingerprint for c in cands}
@@ -77,7 +80,7 @@ def test_campaign_spreads_over_two_nodes_and_survives_losing_one(
         assert nodes[worker_id[:12]] < len(distinct)  # the head finished the campaign
         st = farm.stats()
         assert st.runner_failures >= 1 and st.crashed == 0
-        assert farm.alive_runners() == 2  # the worker's runner is retired
+        assert farm.alive_runners() == 1  # the worker's runner is retired
     finally:
         if not removed:
             ray_cluster.remove_node(worker)

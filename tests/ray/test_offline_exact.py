@@ -49,8 +49,12 @@ def test_rerun_measures_nothing_and_offline_writes_the_campaigns_plan(
     table = tmp_path / "costs"
     first = _tune("--cost-table", str(table), "--out", str(tmp_path / "a"), *FAST)
     assert first["measured"] > 0 and first["confirm"]["remeasured"] > 0
+    # one CPU runner per LLC domain by default; --slots forces more and the summary says so
+    assert (first["slots"]["used"], first["slots"]["why"]) == (1, "llc-domains")
 
-    again = _tune("--cost-table", str(table), "--out", str(tmp_path / "b"), *FAST)
+    again = _tune("--cost-table", str(table), "--out", str(tmp_path / "b"), "--slots", "2",
+                  *FAST)
+    assert (again["slots"]["used"], again["slots"]["why"]) == (2, "forced")
     assert again["measured"] == 0, again["confirm"]  # candidates, confirmations: all stored
     assert again["confirm"]["remeasured"] == 0
     assert again["dijkstra_estimated_s"] == pytest.approx(first["dijkstra_estimated_s"],
@@ -65,7 +69,7 @@ def test_rerun_measures_nothing_and_offline_writes_the_campaigns_plan(
     for k in range(2):
         out = tmp_path / f"offline{k}"
         off = _tune("--offline", "--cost-table", str(table), "--out", str(out), "--json")
-        assert off["estimator"] == "table" and off["measured"] == 0
+        assert off["estimator"] == "table" and off["measured"] == 0 and off["slots"] is None
         parts, transition = _plan(out)
         assert transition == b_transition  # not the analytic fallback
         assert parts == b_parts  # the plan the newest campaign wrote

@@ -384,6 +384,9 @@ def _cli_cases(root: Path, silent_port: int) -> dict[str, CliCase]:
     tune("shape:conflicts_with_fixed_dim", "--shape", "x=2x5", model=str(dyn),
          message=r"dim 1 is fixed to 4 in the model, 5 given")
     tune("args:max_depth_zero", "--max-depth", "0", message=r"--max-depth must be at least 1")
+    tune("args:slots_zero", "--slots", "0", message=r"--slots must be at least 1, not 0")
+    tune("args:slots_offline", "--slots", "2", "--mock",
+         message=r"--slots applies to campaigns that measure")
     tune("args:layers_huge", "--layers", "100000", model="zoo:gpt2",
          message=r"layers must be 1\.\.128, not 100000")
     out = root / "out" / "args:offline_without_table"
@@ -585,7 +588,7 @@ def _cli_case_ids() -> list[str]:
         "config:bad_option_value", "targets:unknown", "targets:empty", "shape:not_integers",
         "shape:no_equals", "shape:zero", "shape:negative", "shape:unknown_input",
         "shape:wrong_rank", "shape:conflicts_with_fixed_dim", "args:max_depth_zero",
-        "args:layers_huge",
+        "args:slots_zero", "args:slots_offline", "args:layers_huge",
         "args:offline_without_table", "out:earlier_plan_untouched", "cluster:typo",
         "cluster:malformed", "cluster:missing", "costs:offline_bad_files",
         "costs:missing_dir", "out:is_a_file", "table:is_a_file", "ray:bad_address",

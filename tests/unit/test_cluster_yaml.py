@@ -123,3 +123,13 @@ def test_auth_disabled_is_an_error(tmp_path: Path, config: dict) -> None:
                                       "--dashboard-host=127.0.0.1"]
     report = check_cluster_config(_write(tmp_path, cfg))
     assert not report.ok and "authentication" in " ".join(report.errors)
+
+
+def test_llc_domain_resources(tmp_path: Path, config: dict) -> None:
+    res = config["available_node_types"]["cpu_measure"]["resources"]
+    assert any(k.startswith("cpu_llc_") for k in res)  # the repo's measurement node declares it
+    assert check_cluster_config(_write(tmp_path, config)).ok
+    cfg = copy.deepcopy(config)
+    cfg["available_node_types"]["cpu_measure"]["resources"]["cpu_llc_0-1"] = 1
+    report = check_cluster_config(_write(tmp_path, cfg))
+    assert not report.ok and "'cpu_llc_0-1' is not an LLC domain resource" in report.errors[0]
