@@ -14,18 +14,20 @@ Build (inside the runner's worker process: Vela segfaults on malformed TFLite):
    once per model by `runners.calibration`). A tensor without a range (a build asked for outside
    a campaign) is calibrated on the sub-model itself, and ``details["ranges"]`` says how many;
 2. the flatbuffer is compiled in-process by Vela's C++ core, ``ethosu.regor.compile`` (what
-   ``vela`` runs for U55/U65 since 4.x), with batch 1 as the model declares it;
+   ``vela`` runs for U55/U65/U85 since 4.x), with batch 1 as the model declares it;
 3. the accelerator configuration comes from the target (``accelerator_config``: ethos-u55-32/64/
-   128/256, ethos-u65-256/512); the system configuration and memory mode are section names of
-   the ``vela.ini`` bundled with ethos-u-vela, parsed by Vela's own ``ArchitectureFeatures`` (so an
-   invalid combination fails the way ``vela`` fails). Defaults are Vela's own defaults, as in
-   `runners.vela_facts.VELA_DEFAULTS`: ``Ethos_U55_High_End_Embedded`` / ``Shared_Sram`` for U55
-   (500 MHz core clock, weights in off-chip flash, activations in SRAM) and
-   ``Ethos_U65_Client_Server`` / ``Dedicated_Sram_384KB`` for U65 (1 GHz, DRAM behind a 384 KiB
-   SRAM cache). ``optimise`` is Vela's ``--optimise`` (``Performance`` by default).
+   128/256, ethos-u65-256/512, ethos-u85-128/256/512/1024/2048); the system configuration and
+   memory mode are section names of the ``vela.ini`` bundled with ethos-u-vela, parsed by
+   Vela's own ``ArchitectureFeatures`` (so an invalid combination fails the way ``vela``
+   fails). Defaults are Vela's own defaults, as in `runners.vela_facts.VELA_DEFAULTS`:
+   ``Ethos_U55_High_End_Embedded`` / ``Shared_Sram`` for U55 (500 MHz core clock, weights in
+   off-chip flash, activations in SRAM), ``Ethos_U65_Client_Server`` / ``Dedicated_Sram_384KB``
+   for U65 (1 GHz, DRAM behind a 384 KiB SRAM cache) and ``Ethos_U85_SYS_DRAM_Mid`` /
+   ``Dedicated_Sram_384KB`` for U85 (1 GHz). ``optimise`` is Vela's ``--optimise``
+   (``Performance`` by default).
 
 Cost: ``seconds = Vela total cycles / core clock of the system config`` for the NPU part, plus the
-host model below for the operators Vela leaves on the CPU. Per-operator cycles are kept in
+host's cycle model for the operators Vela leaves on the CPU. Per-operator cycles are kept in
 ``details["ops"]``: Vela's per-layer rows (its optimised database: ``perf`` rows -> ``source``
 operators -> ``ext_key`` = TFLite operator index) summed per TFLite operator and mapped back to
 the ONNX node names through `ConvertedModel.op_nodes`; they add up to Vela's total exactly.
@@ -33,10 +35,11 @@ the ONNX node names through `ConvertedModel.op_nodes`; they add up to Vela's tot
 
 Operators Vela cannot place on the NPU stay as "Passthrough" TFLite operators with 0 NPU cycles.
 On a real system they run on the host; they are costed with `HOST_MODEL`, an *analytic* model of
-a Cortex-M55 running CMSIS-NN int8 kernels (its figures and sources are in
-`runners.vela_estimate`), and that part is labelled ``analytic`` in the details
-(``details["analytic"]``) so nobody mistakes it for a Vela number. It is an estimate for
-ranking, not a simulator: an NPU-only candidate wins when one exists.
+a Cortex-M55 running TFLM int8 kernels (its figures and sources are in `runners.host_model`;
+a campaign's host is also a target of its own, `runners.cortex_m`), and that part is labelled
+``analytic`` in the details (``details["analytic"]``) so nobody mistakes it for a Vela number.
+A campaign's candidates hold only operators `VelaCapabilities` places on the NPU, so this part
+is non-zero only where Vela places an operator differently from those checks.
 
 The Vela configuration, the compile and the reading of Vela's report live in
 `runners.vela_estimate` (`vela_config`, `vela_estimate`); this module holds the capability
@@ -47,7 +50,9 @@ cycles, every time), so `measure` returns the one estimate as its one sample (n=
 `MeasureConfig` asks for; the config is still stored with the row.
 
 Capabilities: a node is taken when the converter maps it (`runners.tflite.convertible`) and the
-TFLite operator it becomes satisfies Vela's constraints for U55/U65. Vela publishes those as text
+TFLite operator it becomes satisfies Vela's constraints for U55/U65 (the U85 takes a superset
+of those operators; its targets are checked by the same, conservative, rules). Vela publishes
+those as text
 (``ethosu.regor.tflite_operator_constraints``, the source of ``vela --supported-ops-report``), not
 as callable checks, so the numeric ones that the converter's output can violate are restated in
 `vela_why_not` from that text (ethos-u-vela 5.2.0) and a unit test confirms each by compiling: the
@@ -62,7 +67,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,7 +83,8 @@ from runners.base import (
     Status,
     Toolchain,
 )
-from runners.calibration import calibrate
+from runners.calibration import ranges_for
+from runners.host_model import HOST_MODEL_REVISION
 from runners.measure import summarize
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
@@ -96,7 +101,7 @@ from runners.vela_estimate import (
     vela_estimate,
     vela_ini,
 )
-from runners.vela_facts import VELA_DEFAULTS
+from runners.vela_facts import VELA_DEFAULTS, accelerator_family
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
@@ -331,7 +336,7 @@ def vela_config(target: Target) -> VelaConfig:
     Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
     """
     accel = str(target.option("accelerator_config", target.name) or target.name)
-    family = "u65" if accel.startswith("ethos-u65") else "u55"
+    family = accelerator_family(accel)
     system = str(target.option("system_config", None) or VELA_DEFAULTS[family][0])
     mode = str(target.option("memory_mode", None) or VELA_DEFAULTS[family][1])
     optimise = str(target.option("optimise", None) or "Performance")
@@ -340,23 +345,6 @@ def vela_config(target: Target) -> VelaConfig:
 
 # ----------------------------------------------------------------------------------------
 # the toolchain
-
-
-def _ranges_for(graph: DataflowGraph, given: Mapping[str, tuple[float, float]]
-                ) -> tuple[dict[str, tuple[float, float]], int]:
-    """The given ranges, with any float tensor that lacks one calibrated on the sub-model."""
-    need = set(graph.graph_inputs) | {o for n in graph.nodes for o in n.outputs if o}
-    missing = [t for t in need if t not in given]
-    if not missing:
-        return dict(given), 0
-    own = calibrate(graph)
-    out = dict(given)
-    filled = 0
-    for t in missing:
-        if t in own:
-            out[t] = own[t]
-            filled += 1
-    return out, filled
 
 
 class VelaToolchain(Toolchain):
@@ -393,7 +381,7 @@ class VelaToolchain(Toolchain):
             v = version("ethos-u-vela")
         except PackageNotFoundError:
             v = "missing"
-        return f"ethos-u-vela {v}; {CONVERTER_VERSION}"
+        return f"ethos-u-vela {v}; {CONVERTER_VERSION}; host model {HOST_MODEL_REVISION}"
 
     def device_description(self, target: Target) -> DeviceDescription:
         try:
@@ -428,7 +416,7 @@ class VelaToolchain(Toolchain):
             return failed(Status.BUILD_FAILED, f"Vela configuration: {type(e).__name__}: {e}")
         given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
         try:
-            ranges, filled = _ranges_for(graph, given)
+            ranges, filled = ranges_for(graph, given)
             conv = convert(graph, "int8", ranges)
         except UnsupportedOp as e:
             return failed(Status.UNSUPPORTED, str(e))
