@@ -73,7 +73,7 @@ from estimators.mock import MockEstimator
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
-from runners.calibration import calibrate
+from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.registry import capabilities_for
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
 def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
                            ) -> Callable[[CandidatePartition], tuple] | None:
     """Calibrated ranges (whole fp32 model, once) for targets that quantise."""
-    if not any(t.toolchain == "vela" for t in targets):
+    if not any(t.toolchain in INT8_TOOLCHAINS for t in targets):
         return None
 
     ranges = calibrate(graph)

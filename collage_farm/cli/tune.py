@@ -16,10 +16,16 @@ from collage_farm.campaign import DEFAULT_REFINE_TRIALS, TuneOptions
 from collage_farm.campaign import run_tune as run_campaign
 from collage_farm.cli.errors import UserError
 from collage_farm.cli.targets import add_config_args, config_from_args
+from collage_farm.config import builtin_system_for
 from collage_farm.core.graph import parse_shape
 from collage_farm.core.pins import PinSet
 from collage_farm.core.rules import RuleOptions
-from collage_farm.core.target import Target, parse_targets
+from collage_farm.core.target import (
+    EMBEDDED_TOOLCHAINS,
+    Target,
+    board_conflict,
+    parse_targets,
+)
 from collage_farm.core.transition import TransitionModel
 
 __all__ = ["add_tune_parser", "print_summary", "run_tune"]
@@ -119,15 +125,31 @@ def _targets_from_args(args: argparse.Namespace
                                   RuleOptions]:
     """Targets, transition model, pins and rule options from --targets and config files.
 
-    Without a config file: the built-in targets named, no transition model and no pins (the
-    campaign's defaults), and ``--max-depth``. With one, its ``subgraph`` limits decide (their
-    ``max_depth`` unset: ``--max-depth``).
+    Without a config file: the built-in targets named (refused when they are on no one board,
+    `_board_transition`), no pins and ``--max-depth``. With one, its ``subgraph`` limits decide
+    (their ``max_depth`` unset: ``--max-depth``).
     """
     cfg = config_from_args(args)
     if cfg is None:
-        return parse_targets(args.targets), None, None, RuleOptions(max_depth=args.max_depth)
+        targets = parse_targets(args.targets)
+        return (targets, _board_transition(targets), None,
+                RuleOptions(max_depth=args.max_depth))
     return (cfg.resolve_targets(args.targets), cfg.transition, cfg.pin_set or None,
             cfg.rule_options(args.max_depth))
+
+
+def _board_transition(targets: list[Target]) -> TransitionModel | None:
+    """The transition model for built-in targets named without a system file: the built-in
+    Ethos-U board that holds them (its NPU invocation and hand-over), else None (the campaign's
+    default). `UserError` when no one board holds them all (an x86 toolchain next to a
+    simulated NPU): such a plan would be for a board that does not exist."""
+    why = board_conflict(targets)
+    if why is not None:
+        raise UserError(why)
+    if not all(t.toolchain in EMBEDDED_TOOLCHAINS for t in targets):
+        return None
+    board = builtin_system_for(targets)
+    return board.transition if board is not None else None
 
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:

@@ -116,7 +116,7 @@ too, for the callers that read them from this package.
 
 from __future__ import annotations
 
-from collage_farm.config.load import load_config
+from collage_farm.config.load import builtin_system_for, load_config
 from collage_farm.config.schema import (
     ConfigTargetError,
     DeviceSpec,
@@ -150,6 +150,7 @@ __all__ = [
     "ScaledTransitionModel",
     "SubgraphLimits",
     "TransitionSample",
+    "builtin_system_for",
     "builtin_system_path",
     "builtin_systems",
     "effective_options",
