@@ -63,6 +63,7 @@ from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
 from collage_farm.postsearch.moves import parts_from_names, to_search_result
+from collage_farm.postsearch.vela_whole import baseline_candidates
 from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
@@ -309,6 +310,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
 
     specs = build_specs(opts.targets, opts.rule_options)
     candidates = all_candidates(graph, specs)
+    # on an Ethos-U board, Vela's own partitioning is a plan the search can always fall back to
+    candidates += [c for c in baseline_candidates(graph, opts.targets) if c not in candidates]
     if opts.pins is not None:
 
         candidates = filter_candidates(candidates, opts.pins)

@@ -50,12 +50,14 @@ from runners.measure import summarize
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
 from runners.tflite import CONVERTER_REVISION, ConversionError, ConvertedModel, convert, convertible
+from runners.tflite.params import _gelu_chain
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
     from collage_farm.core.target import Target
 
-__all__ = ["CortexMCapabilities", "CortexMToolchain", "host_mode", "host_of", "price"]
+__all__ = ["CortexMCapabilities", "CortexMToolchain", "host_mode", "host_of", "joint_groups",
+           "price"]
 
 DEFAULT_CORE = "cortex-m55"
 
@@ -67,6 +69,18 @@ def host_mode(node: Node, graph: DataflowGraph) -> tuple[str | None, str | None]
         return "int8", None
     why = convertible(node, graph, "fp32")
     return ("fp32", None) if why is None else (None, why)
+
+
+def joint_groups(graph: DataflowGraph) -> list[frozenset[int]]:
+    """Node indices the converter maps only together (an Erf exists in TFLite only as part of
+    the exact-GELU pattern around it): a partition holding one of them must hold them all."""
+    out = []
+    for node in graph.nodes:
+        if node.op_type == "Erf":
+            chain = _gelu_chain(graph, node)
+            if not isinstance(chain, str):
+                out.append(frozenset(n.index for n in chain))
+    return out
 
 
 class CortexMCapabilities(Capabilities):

@@ -90,7 +90,7 @@ from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
 from runners.tflite import ConversionError, UnsupportedOp, convert, convertible
 from runners.tflite.attrs import _attr, _ints
-from runners.tflite.fold import _init_array
+from runners.tflite.fold import _folded, _init_array
 from runners.tflite.layout import _layout_noop
 from runners.tflite.params import _pool_geometry, _resolve_pads
 from runners.vela_estimate import (
@@ -315,7 +315,8 @@ def vela_why_not(node: Node, graph: DataflowGraph) -> str | None:
 
 
 class VelaCapabilities(Capabilities):
-    """Nodes the converter maps to int8 TFLite and Vela places on the NPU."""
+    """Nodes the converter maps to int8 TFLite and Vela places on the NPU (a node the
+    converter folds into a constant emits no operator, so Vela has nothing to refuse)."""
 
     style = "graph"
 
@@ -323,6 +324,8 @@ class VelaCapabilities(Capabilities):
         why = convertible(node, graph)
         if why is not None:
             return why
+        if _folded(node, graph):  # a conversion-time constant: emits no operator at all
+            return None
         return vela_why_not(node, graph)
 
 
