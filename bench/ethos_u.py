@@ -7,7 +7,7 @@ barely help memory-bound ones), (2) how much of each model it takes (capability 
 nodes on the NPU / nodes), and (3) what a build costs on a farm node (int8 conversion + Vela
 compile, wall time), which bounds how many candidates per second an ``ethosu_sim`` slot serves.
 With ``--plans``, (4) a Collage campaign per model on each built-in Ethos-U board (NPU + its
-Cortex-M host, no Ray: `estimators.local.LocalService`) against Vela whole (Vela's own NPU /
+Cortex-M host, no Ray: the campaign's ``local`` estimator) against Vela whole (Vela's own NPU /
 host split): both simulated latencies, where the plan differs (nodes moved to NPU / host), the
 campaign's wall time and build count, and whether a second campaign on a fresh cost table gives
 identical costs and plan.
@@ -74,29 +74,19 @@ def _campaign(model: Path, system: str, work: Path) -> tuple[dict, list, dict, f
     """One campaign on a built-in board: (summary, plan partitions, costs by fingerprint, s)."""
     import json
 
-    from collage_farm.campaign import TuneOptions, run_tune, tensor_ranges_provider
+    from collage_farm.campaign import TuneOptions, run_tune
     from collage_farm.config import load_config
-    from collage_farm.costtable import CostTable, TableStore
-    from estimators.local import LocalService
-    from estimators.measured import FarmEstimator
+    from collage_farm.costtable import CostTable
 
     cfg = load_config(builtin_system=system)
-    targets = cfg.selected_targets
-    graph = load_graph(str(model))
     t0 = time.perf_counter()
-    est = FarmEstimator(LocalService(sorted({t.toolchain for t in targets})),
-                        TableStore(work / "costs", campaign_id=work.name), model=graph.name,
-                        tensor_ranges_for=tensor_ranges_provider(graph, targets))
-    opts = TuneOptions(model=str(model), targets=tuple(targets), out=work / "out",
-                       cost_table=work / "costs", transition=cfg.transition, report=False)
-    try:
-        s = run_tune(opts, estimator=est)
-    finally:
-        est.close()
+    s = run_tune(TuneOptions(model=str(model), targets=tuple(cfg.selected_targets),
+                             out=work / "out", estimator="local", transition=cfg.transition,
+                             report=False))
     wall = time.perf_counter() - t0
     plan = json.loads((work / "out" / "plan.json").read_text())
     parts = [(p["target"], p["nodes"]) for p in plan["partitions"]]
-    costs = {r.fingerprint: r.median for r in CostTable(work / "costs").rows()}
+    costs = {r.fingerprint: r.median for r in CostTable(work / "out" / "costs").rows()}
     return s, parts, costs, wall
 
 

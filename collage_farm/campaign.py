@@ -7,6 +7,9 @@ plan (phase 4). Estimators are picked by the caller:
 
 * ``farm`` (default): measure on runners through Ray (embedded local cluster unless an address
   is given), answering from the cost table first and writing every result to it;
+* ``local``: the same, with the toolchains' own isolated runners in this process's reach instead
+  of Ray (`estimators.local.LocalService`: for simulated boards, whose figures need no timing
+  slot);
 * ``offline``: the cost table only (no Ray), optionally filling gaps analytically;
 * ``mock``: deterministic fake costs, labelled as such everywhere they appear.
 
@@ -69,6 +72,7 @@ from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
 from collage_farm.zoo import packaged
 from estimators.base import CostEstimator
+from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
 from estimators.sources import RetryPolicy, Strictness
@@ -89,7 +93,7 @@ class TuneOptions:
     out: Path
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     layers: int | None = None  # zoo models only
-    estimator: str = "farm"  # farm | offline | mock
+    estimator: str = "farm"  # farm | local (no Ray: simulated boards) | offline | mock
     cost_table: Path | None = None
     address: str | None = None
     allow_analytic: bool = False
@@ -146,7 +150,7 @@ def campaign_table(opts: TuneOptions) -> Path | None:
     none."""
     if opts.cost_table is not None:
         return Path(opts.cost_table)
-    return opts.out / "costs" if opts.estimator in ("farm", "offline") else None
+    return opts.out / "costs" if opts.estimator in ("farm", "local", "offline") else None
 
 
 def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[PartitionSpec]:
@@ -192,15 +196,17 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
                               allow_analytic=opts.allow_analytic,
                               strictness=Strictness.parse(opts.strictness),
                               mode=opts.measure_mode or None), None
-    if opts.estimator == "farm":
+    if opts.estimator in ("farm", "local"):
         table = campaign_table(opts)
         assert table is not None
         check_writable(table)  # before Ray starts: an unwritable table costs no measurements
-        farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
-                          num_cpus=opts.num_cpus)
+        toolchains = sorted({t.toolchain for t in opts.targets})
+        # local: the toolchains' own isolated runners, no Ray (deterministic simulated boards)
+        service = (LocalService(toolchains) if opts.estimator == "local" else
+                   Farm.start(opts.address, toolchains=toolchains, num_cpus=opts.num_cpus))
         store = TableStore(table, campaign_id=opts.campaign_id)
         est = FarmEstimator(
-            farm,
+            service,
             store,
             model=graph.name,
             measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
@@ -211,7 +217,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
             reconfirm=opts.reconfirm,
         )
         return est, store.writer
-    raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
+    raise ValueError(f"unknown estimator {opts.estimator!r} (farm, local, offline, mock)")
 
 
 def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,

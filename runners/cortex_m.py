@@ -44,12 +44,11 @@ from runners.base import (
     Status,
     Toolchain,
 )
-from runners.calibration import ranges_for
+from runners.deterministic import ConversionFailed, convert_for_build, one_sample, row_fields
 from runners.host_model import HOST_MODEL_REVISION, HostModel, host_model
-from runners.measure import summarize
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
-from runners.tflite import CONVERTER_REVISION, ConversionError, ConvertedModel, convert, convertible
+from runners.tflite import CONVERTER_REVISION, ConvertedModel, convertible
 from runners.tflite.params import _gelu_chain
 
 if TYPE_CHECKING:
@@ -165,22 +164,13 @@ class CortexMToolchain(Toolchain):
                 return failed(Status.UNSUPPORTED, f"{host.core}: the TFLite converter cannot "
                               f"map {node.op_type} node {node.name!r} ({why})")
             modes.add(mode)
-        mode = "fp32" if "fp32" in modes else "int8"
         try:
-            filled = 0
-            ranges: dict[str, tuple[float, float]] = {}
-            if mode == "int8":
-                given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
-                ranges, filled = ranges_for(graph, given)
-            conv = convert(graph, mode, ranges)
-        except ConversionError as e:
-            return failed(Status.BUILD_FAILED, f"{mode} TFLite conversion: {e}")
-        except Exception as e:
-            return failed(Status.BUILD_FAILED, f"{mode} TFLite conversion: "
-                                               f"{type(e).__name__}: {e}")
+            conv, note = convert_for_build(graph, "fp32" if "fp32" in modes else "int8",
+                                           inp.tensor_ranges)
+        except ConversionFailed as e:
+            return failed(e.status, e.error)
         est = price(conv, host)
-        est["ranges"] = ("none (float32)" if mode == "fp32" else "whole model" if not filled
-                         else f"whole model; {filled} tensor(s) calibrated on the sub-model")
+        est["ranges"] = note
         return BuildResult(inp.fingerprint, inp.target, Status.OK, artifact=conv.tflite,
                            artifact_kind="tflite", build_s=time.perf_counter() - t0,
                            details=(("host", est), ("label", inp.label)))
@@ -189,23 +179,15 @@ class CortexMToolchain(Toolchain):
         """The build's analytic cost as one sample."""
         t0 = time.perf_counter()
         build, config = inp.build, inp.config
-        common: dict[str, Any] = dict(kind=self.kind, device=self.device_description(build.target),
-                                      toolchain_version=self.version(), build_s=build.build_s)
-        if not build.ok:
-            return MeasureResult.failed(build, build.status, build.error or "build failed",
-                                        config, **common)
+        common, failed = row_fields(self, inp)
+        if failed is not None:
+            return failed
         est = build.detail("host")
-        seconds = float(est["seconds"]) if isinstance(est, dict) else math.nan
-        if not (math.isfinite(seconds) and seconds > 0):
-            return MeasureResult.failed(build, Status.RUNTIME_ERROR,
-                                        f"host model gave no positive time ({seconds})", config,
-                                        measure_s=time.perf_counter() - t0, **common)
-        assert isinstance(est, dict)
+        if not isinstance(est, dict):
+            est = {"seconds": math.nan}
         details = {**est, "estimate": "analytic: TFLM cycle model / host clock"}
-        return MeasureResult(
-            fingerprint=build.fingerprint, target=build.target, status=Status.OK, config=config,
-            samples=(seconds,), summary=summarize((seconds,)), measure_s=time.perf_counter() - t0,
-            details=tuple(sorted(details.items())), **common)
+        return one_sample(build, config, float(est["seconds"]), "the host model's figure",
+                          details, t0, common)
 
     def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
         """A plan partition: the estimate as latency, int8 (or fp32) numerics

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -83,12 +83,11 @@ from runners.base import (
     Status,
     Toolchain,
 )
-from runners.calibration import ranges_for
+from runners.deterministic import ConversionFailed, convert_for_build, one_sample, row_fields
 from runners.host_model import HOST_MODEL_REVISION
-from runners.measure import summarize
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
-from runners.tflite import ConversionError, UnsupportedOp, convert, convertible
+from runners.tflite import convertible
 from runners.tflite.attrs import _attr, _ints
 from runners.tflite.fold import _folded, _init_array
 from runners.tflite.layout import _layout_noop
@@ -417,23 +416,15 @@ class VelaToolchain(Toolchain):
             cfg = vela_config(inp.target)
         except Exception as e:
             return failed(Status.BUILD_FAILED, f"Vela configuration: {type(e).__name__}: {e}")
-        given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
         try:
-            ranges, filled = ranges_for(graph, given)
-            conv = convert(graph, "int8", ranges)
-        except UnsupportedOp as e:
-            return failed(Status.UNSUPPORTED, str(e))
-        except ConversionError as e:
-            return failed(Status.BUILD_FAILED, f"int8 TFLite conversion: {e}")
-        except Exception as e:
-            return failed(Status.BUILD_FAILED, f"int8 TFLite conversion: "
-                                               f"{type(e).__name__}: {e}")
+            conv, note = convert_for_build(graph, "int8", inp.tensor_ranges)
+        except ConversionFailed as e:
+            return failed(e.status, e.error)
         try:
             est = vela_estimate(conv.tflite, cfg, conv, self.host)
         except Exception as e:  # Vela raises RuntimeError / VelaError on what it rejects
             return failed(Status.BUILD_FAILED, f"Vela: {type(e).__name__}: {e}")
-        est["ranges"] = ("whole model" if not filled else
-                         f"whole model; {filled} tensor(s) calibrated on the sub-model")
+        est["ranges"] = note
         est["tflite_bytes"] = len(conv.tflite)
         est["config"] = cfg.describe()
         est["accelerator_config"] = cfg.accelerator_config
@@ -448,11 +439,9 @@ class VelaToolchain(Toolchain):
         """The build's Vela estimate as one sample; recompiles the artifact when it has none."""
         t0 = time.perf_counter()
         build, config = inp.build, inp.config
-        common: dict[str, Any] = dict(kind=self.kind, device=self.device_description(build.target),
-                                      toolchain_version=self.version(), build_s=build.build_s)
-        if not build.ok:
-            return MeasureResult.failed(build, build.status, build.error or "build failed",
-                                        config, **common)
+        common, failed = row_fields(self, inp)
+        if failed is not None:
+            return failed
         est = build.detail("vela")
         if not isinstance(est, dict):
             try:
@@ -462,21 +451,13 @@ class VelaToolchain(Toolchain):
                 return MeasureResult.failed(build, Status.RUNTIME_ERROR,
                                             f"Vela: {type(e).__name__}: {e}", config,
                                             measure_s=time.perf_counter() - t0, **common)
-        seconds = float(est["seconds"])
-        if not (math.isfinite(seconds) and seconds > 0):
-            return MeasureResult.failed(build, Status.RUNTIME_ERROR,
-                                        f"Vela estimate is not a positive time ({seconds})",
-                                        config, measure_s=time.perf_counter() - t0, **common)
         details = {k: v for k, v in est.items() if k != "vela_log"}
         details["estimate"] = "simulated: Vela cycles / clock" + (
             " + analytic host model" if est.get("analytic") else "")
         if est.get("vela_log"):
             details["vela_log"] = est["vela_log"][-1000:]
-        return MeasureResult(
-            fingerprint=build.fingerprint, target=build.target, status=Status.OK, config=config,
-            samples=(seconds,), summary=summarize((seconds,)), measure_s=time.perf_counter() - t0,
-            details=tuple(sorted(details.items())), **common,
-        )
+        return one_sample(build, config, float(est["seconds"]), "Vela estimate", details, t0,
+                          common)
 
     def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
         """A plan partition: simulated latency, int8 numerics (`runners.runtime_sim`)."""

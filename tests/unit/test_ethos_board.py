@@ -2,7 +2,7 @@
 
 The host's cycle model is checked against cycles computed by hand from its documented figures;
 a campaign on the built-in ethos-u55-128 board (real Vela compiles and host builds, in local
-isolated workers: `estimators.local.LocalService`) plans a Gather/LayerNorm model onto NPU +
+isolated workers: the campaign's ``local`` estimator) plans a Gather/LayerNorm model onto NPU +
 host and is compared exactly with Vela's own partitioning; two campaigns on fresh cost tables
 give identical costs and plans; the CLI refuses targets that are on no one board.
 """
@@ -20,15 +20,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("ethosu.regor")
 
-from collage_farm.campaign import TuneOptions, run_tune, tensor_ranges_provider
+from collage_farm.campaign import TuneOptions, run_tune
 from collage_farm.cli.main import main
 from collage_farm.config import ConfigError, load_config
 from collage_farm.core.graph import MAX_IR_VERSION, load_graph
 from collage_farm.core.target import BUILTIN_TARGETS, board_conflict
-from collage_farm.costtable import CostTable, TableStore
+from collage_farm.costtable import CostTable
 from collage_farm.postsearch.vela_whole import ethos_u_board, vela_whole_parts
-from estimators.local import LocalService
-from estimators.measured import FarmEstimator
 from runners.base import BuildInput, MeasureInput, Status
 from runners.cortex_m import CortexMToolchain
 
@@ -112,19 +110,11 @@ def _gather_layernorm() -> onnx.ModelProto:
 
 def _campaign(tmp: Path, model: Path) -> tuple[dict, dict, dict[str, float]]:
     cfg = load_config(builtin_system="ethos-u55-128")
-    targets = cfg.selected_targets
-    graph = load_graph(str(model))
-    est = FarmEstimator(LocalService(sorted({t.toolchain for t in targets})),
-                        TableStore(tmp / "costs", campaign_id=tmp.name), model=graph.name,
-                        tensor_ranges_for=tensor_ranges_provider(graph, targets))
-    opts = TuneOptions(model=str(model), targets=tuple(targets), out=tmp / "out",
-                       cost_table=tmp / "costs", transition=cfg.transition, report=False)
-    try:
-        summary = run_tune(opts, estimator=est)
-    finally:
-        est.close()
+    opts = TuneOptions(model=str(model), targets=tuple(cfg.selected_targets), out=tmp / "out",
+                       estimator="local", transition=cfg.transition, report=False)
+    summary = run_tune(opts)
     plan = json.loads((tmp / "out" / "plan.json").read_text())
-    costs = {r.fingerprint: r.median for r in CostTable(tmp / "costs").rows()}
+    costs = {r.fingerprint: r.median for r in CostTable(tmp / "out" / "costs").rows()}
     return summary, plan, costs
 
 
@@ -141,7 +131,7 @@ def test_gather_layernorm_model_plans_onto_npu_and_host_exactly(tmp_path: Path) 
     assert s1["estimated_total_s"] <= s1["vela_whole_estimated_s"]
     assert "exact" in s1["never_worse"] and "simulated" in s1["figures"]
     assert s1.get("plan_measured_s") is None
-    rows = CostTable(tmp_path / "a" / "costs").rows()
+    rows = CostTable(tmp_path / "a" / "out" / "costs").rows()
     assert {r.kind for r in rows if r.toolchain == "cortex-m"} == {"analytic"}
     assert {r.kind for r in rows if r.toolchain == "vela"} == {"simulated"}
     # a second campaign on a fresh table measures everything again: identical costs and plan
