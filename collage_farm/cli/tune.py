@@ -126,30 +126,32 @@ def _targets_from_args(args: argparse.Namespace
     """Targets, transition model, pins and rule options from --targets and config files.
 
     Without a config file: the built-in targets named (refused when they are on no one board,
-    `_board_transition`), no pins and ``--max-depth``. With one, its ``subgraph`` limits decide
-    (their ``max_depth`` unset: ``--max-depth``).
+    `_board`), no pins and ``--max-depth``. With one, its ``subgraph`` limits decide (their
+    ``max_depth`` unset: ``--max-depth``). An Ethos-U NPU comes with its board's host.
     """
     cfg = config_from_args(args)
     if cfg is None:
-        targets = parse_targets(args.targets)
-        return (targets, _board_transition(targets), None,
-                RuleOptions(max_depth=args.max_depth))
-    return (cfg.resolve_targets(args.targets), cfg.transition, cfg.pin_set or None,
-            cfg.rule_options(args.max_depth))
+        targets, transition = _board(parse_targets(args.targets))
+        return targets, transition, None, RuleOptions(max_depth=args.max_depth)
+    return (cfg.with_board_host(cfg.resolve_targets(args.targets)), cfg.transition,
+            cfg.pin_set or None, cfg.rule_options(args.max_depth))
 
 
-def _board_transition(targets: list[Target]) -> TransitionModel | None:
-    """The transition model for built-in targets named without a system file: the built-in
-    Ethos-U board that holds them (its NPU invocation and hand-over), else None (the campaign's
-    default). `UserError` when no one board holds them all (an x86 toolchain next to a
-    simulated NPU): such a plan would be for a board that does not exist."""
+def _board(targets: list[Target]) -> tuple[list[Target], TransitionModel | None]:
+    """Built-in targets named without a system file, on their board: the built-in Ethos-U board
+    that holds them gives its transition model (NPU invocation, hand-over) and its host (when
+    only the NPU is named); other targets keep the campaign's default (None). `UserError` when
+    no one board holds them all (an x86 toolchain next to a simulated NPU): such a plan would
+    be for a board that does not exist."""
     why = board_conflict(targets)
     if why is not None:
         raise UserError(why)
     if not all(t.toolchain in EMBEDDED_TOOLCHAINS for t in targets):
-        return None
+        return targets, None
     board = builtin_system_for(targets)
-    return board.transition if board is not None else None
+    if board is None:
+        return targets, None
+    return board.with_board_host(targets), board.transition
 
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:

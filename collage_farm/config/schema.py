@@ -172,6 +172,15 @@ class FarmConfig:
             raise ConfigTargetError("no targets given", key="--targets", allowed=list(self.targets))
         return out
 
+    def with_board_host(self, targets: list[Target]) -> list[Target]:
+        """``targets`` plus the host device's targets when they name an NPU (Vela) and nothing
+        on the host: on an Ethos-U board the host runs what the NPU cannot, whatever the
+        selection says (without it a model with one operator the NPU lacks has no plan)."""
+        if self.host is None or not any(t.toolchain == "vela" for t in targets) \
+                or any(t.device == self.host for t in targets):
+            return targets
+        return targets + [t for t in self.targets.values() if t.device == self.host]
+
     # --- what-ifs ----------------------------------------------------------------------
     def with_transition(self, model: TransitionModel) -> FarmConfig:
         """The same configuration with another transition model (e.g. measured from a table)."""

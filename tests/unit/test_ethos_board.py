@@ -187,3 +187,15 @@ def test_board_files_hold_npu_and_host_with_a_shared_memory_hand_over(tmp_path: 
                    "shared_memory: true}\n")
     with pytest.raises(ConfigError, match="shared_memory"):
         load_config(bad)
+
+
+def test_an_npu_named_alone_comes_with_its_board_host() -> None:
+    from collage_farm.cli.tune import _board
+
+    cfg = load_config(builtin_system="ethos-u55-128")
+    named = cfg.resolve_targets("ethos-u55-128")
+    assert [t.id for t in cfg.with_board_host(named)] == ["ethos-u55-128", "cortex-m55"]
+    targets, transition = _board([BUILTIN_TARGETS["ethos-u85-256"]])
+    assert [t.id for t in targets] == ["ethos-u85-256", "cortex-m85"]
+    assert transition is not None and transition.label == "analytic:ethos-u85-256"
+    assert _board([BUILTIN_TARGETS["ort-cpu"]]) == ([BUILTIN_TARGETS["ort-cpu"]], None)
