@@ -6,8 +6,14 @@ column of the toolchain comparison: more MACs per cycle should help compute-boun
 barely help memory-bound ones), (2) how much of each model it takes (capability coverage:
 nodes on the NPU / nodes), and (3) what a build costs on a farm node (int8 conversion + Vela
 compile, wall time), which bounds how many candidates per second an ``ethosu_sim`` slot serves.
+With ``--plans``, (4) a Collage campaign per model on each built-in Ethos-U board (NPU + its
+Cortex-M host, no Ray: the campaign's ``local`` estimator) against Vela whole (Vela's own NPU /
+host split): both simulated latencies, where the plan differs (nodes moved to NPU / host), the
+campaign's wall time and build count, and whether a second campaign on a fresh cost table gives
+identical costs and plan.
 
-    python bench/ethos_u.py [--out bench/results] [--quick]
+    python bench/ethos_u.py [--out bench/results] [--quick] [--plans [--systems A,B]
+                            [--plan-models M,N]] [--no-estimates]
 
 Results go to bench/results/ethosu-<host>.md with the machine description and load average
 (other jobs may share the machine; build times are wall times).
@@ -57,16 +63,103 @@ def machine() -> list[str]:
     ]
 
 
+#: models of the plan comparison (bench sizes)
+PLAN_MODELS: dict[str, dict[str, object]] = {
+    "gpt2": COVERAGE_ONLY["gpt2"], "bert": COVERAGE_ONLY["bert"],
+    "mobilenet_v2": MODELS["mobilenet_v2"], "resnet50": MODELS["resnet50"],
+}
+
+
+def _campaign(model: Path, system: str, work: Path) -> tuple[dict, list, dict, float]:
+    """One campaign on a built-in board: (summary, plan partitions, costs by fingerprint, s)."""
+    import json
+
+    from collage_farm.campaign import TuneOptions, run_tune
+    from collage_farm.config import load_config
+    from collage_farm.costtable import CostTable
+
+    cfg = load_config(builtin_system=system)
+    t0 = time.perf_counter()
+    s = run_tune(TuneOptions(model=str(model), targets=tuple(cfg.selected_targets),
+                             out=work / "out", estimator="local", transition=cfg.transition,
+                             report=False))
+    wall = time.perf_counter() - t0
+    plan = json.loads((work / "out" / "plan.json").read_text())
+    parts = [(p["target"], p["nodes"]) for p in plan["partitions"]]
+    costs = {r.fingerprint: r.median for r in CostTable(work / "out" / "costs").rows()}
+    return s, parts, costs, wall
+
+
+def plans_section(models: dict[str, dict[str, object]], systems: list[str]) -> list[str]:
+    """Collage plan vs Vela whole per model and board (module docstring, (4))."""
+    import tempfile
+
+    import onnx
+
+    lines = ["", "Collage plan vs Vela whole per board (simulated: Vela cycles for the NPU, the "
+             "analytic Cortex-M cycle model for the host; ms). `moved`: nodes the plan puts "
+             "elsewhere than Vela's own split; `again`: a second campaign on a fresh cost "
+             "table gave identical costs and plan.", "",
+             "| board | model | plan (ms) | Vela whole (ms) | Vela whole / plan | partitions "
+             "(NPU+host) | moved to NPU / host | builds | failed | wall (s) | again |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, kw in models.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{name}.onnx"
+            onnx.save(zoo.build(name, **kw), path)
+            for system in systems:
+                s, parts, costs, wall = _campaign(path, system, Path(tmp) / system / "a")
+                s2, parts2, costs2, _ = _campaign(path, system, Path(tmp) / system / "b")
+                again = parts2 == parts and costs2 == costs and \
+                    s2["estimated_total_s"] == s["estimated_total_s"]
+                moved = s.get("moved_from_vela_whole") or {}
+                vw = s.get("vela_whole_estimated_s")
+                per = s["partitions_per_target"]
+                lines.append(
+                    f"| {system} | {name} | {s['estimated_total_s'] * 1e3:.3f} | "
+                    + (f"{vw * 1e3:.3f} | {vw / s['estimated_total_s']:.3f}x" if vw
+                       else f"- | {s.get('never_worse', '')[:80]}")
+                    + f" | {s['partitions']} ({'+'.join(str(v) for v in per.values())}) | "
+                    f"{len(moved.get('to_npu', []))} / {len(moved.get('to_host', []))} | "
+                    f"{s['measured']} | {s['failed']} | {wall:.1f} | "
+                    f"{'identical' if again else 'DIFFERENT'} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--quick", action="store_true", help="mnist and mobilenet_v2 only")
+    ap.add_argument("--plans", action="store_true",
+                    help="also: Collage plan vs Vela whole on each built-in Ethos-U board")
+    ap.add_argument("--systems", default="ethos-u55-128,ethos-u55-256,ethos-u65-256,"
+                    "ethos-u85-256", help="boards of --plans")
+    ap.add_argument("--plan-models", default=",".join(PLAN_MODELS), help="models of --plans")
+    ap.add_argument("--no-estimates", action="store_true",
+                    help="skip the whole-model estimates per accelerator and the coverage")
     args = ap.parse_args()
-    models = {k: v for k, v in MODELS.items() if not args.quick or k in ("mnist",
-                                                                          "mobilenet_v2")}
+    lines = ["# Simulated Ethos-U (Vela) estimates, whole zoo models", "", *machine()]
+    if not args.no_estimates:
+        lines += estimates_section(args.quick)
+    if args.plans:
+        lines += plans_section({m: PLAN_MODELS[m] for m in args.plan_models.split(",")},
+                               args.systems.split(","))
+    lines += ["", "- load average at end (1/5/15 min): "
+              + " / ".join(f"{x:.2f}" for x in os.getloadavg())]
+    args.out.mkdir(parents=True, exist_ok=True)
+    kind = "ethosu-plans" if args.no_estimates else "ethosu"
+    path = args.out / f"{kind}-{socket.gethostname()}.md"
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
+
+
+def estimates_section(quick: bool) -> list[str]:
+    """(1)-(3) of the module docstring."""
+    models = {k: v for k, v in MODELS.items() if not quick or k in ("mnist", "mobilenet_v2")}
     tc = VelaToolchain()
     caps = VelaCapabilities()
-    lines = ["# Simulated Ethos-U (Vela) estimates, whole zoo models", "", *machine(), ""]
+    lines = [""]
     head = "| model | nodes on NPU | " + " | ".join(ETHOS_U_CONFIGS) + " |"
     lines += ["Estimate per accelerator configuration (ms; Vela defaults: U55 "
               "Ethos_U55_High_End_Embedded/Shared_Sram 500 MHz, U65 Ethos_U65_Client_Server/"
@@ -106,12 +199,7 @@ def main() -> None:
         lines.append(f"- {name}: {taken}/{len(g.nodes)} taken; refused by op type: "
                      + ", ".join(f"{k} {v}" for k, v in sorted(refused.items())))
         print(lines[-1], flush=True)
-    lines += ["", "- load average at end (1/5/15 min): "
-              + " / ".join(f"{x:.2f}" for x in os.getloadavg())]
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ethosu-{socket.gethostname()}.md"
-    path.write_text("\n".join(lines) + "\n")
-    print(f"wrote {path}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ plan (phase 4). Estimators are picked by the caller:
 
 * ``farm`` (default): measure on runners through Ray (embedded local cluster unless an address
   is given), answering from the cost table first and writing every result to it;
+* ``local``: the same, with the toolchains' own isolated runners in this process's reach instead
+  of Ray (`estimators.local.LocalService`: for simulated boards, whose figures need no timing
+  slot);
 * ``offline``: the cost table only (no Ray), optionally filling gaps analytically;
 * ``mock``: deterministic fake costs, labelled as such everywhere they appear.
 
@@ -63,18 +66,20 @@ from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
 from collage_farm.postsearch.moves import parts_from_names, to_search_result
+from collage_farm.postsearch.vela_whole import baseline_candidates
 from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
 from collage_farm.report.summary import story_keys
 from collage_farm.zoo import packaged
 from estimators.base import CostEstimator
+from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
-from runners.calibration import calibrate
+from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.registry import capabilities_for
 
 log = logging.getLogger(__name__)
@@ -89,7 +94,7 @@ class TuneOptions:
     out: Path
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     layers: int | None = None  # zoo models only
-    estimator: str = "farm"  # farm | offline | mock
+    estimator: str = "farm"  # farm | local (no Ray: simulated boards) | offline | mock
     cost_table: Path | None = None
     address: str | None = None
     allow_analytic: bool = False
@@ -147,7 +152,7 @@ def campaign_table(opts: TuneOptions) -> Path | None:
     none."""
     if opts.cost_table is not None:
         return Path(opts.cost_table)
-    return opts.out / "costs" if opts.estimator in ("farm", "offline") else None
+    return opts.out / "costs" if opts.estimator in ("farm", "local", "offline") else None
 
 
 def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[PartitionSpec]:
@@ -163,7 +168,7 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
 def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
                            ) -> Callable[[CandidatePartition], tuple] | None:
     """Calibrated ranges (whole fp32 model, once) for targets that quantise."""
-    if not any(t.toolchain == "vela" for t in targets):
+    if not any(t.toolchain in INT8_TOOLCHAINS for t in targets):
         return None
 
     ranges = calibrate(graph)
@@ -193,15 +198,18 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
                               allow_analytic=opts.allow_analytic,
                               strictness=Strictness.parse(opts.strictness),
                               mode=opts.measure_mode or None), None
-    if opts.estimator == "farm":
+    if opts.estimator in ("farm", "local"):
         table = campaign_table(opts)
         assert table is not None
         check_writable(table)  # before Ray starts: an unwritable table costs no measurements
-        farm = Farm.start(opts.address, toolchains=sorted({t.toolchain for t in opts.targets}),
-                          num_cpus=opts.num_cpus, slots=opts.slots)
+        toolchains = sorted({t.toolchain for t in opts.targets})
+        # local: the toolchains' own isolated runners, no Ray (deterministic simulated boards)
+        service = (LocalService(toolchains) if opts.estimator == "local" else
+                   Farm.start(opts.address, toolchains=toolchains, num_cpus=opts.num_cpus,
+                              slots=opts.slots))
         store = TableStore(table, campaign_id=opts.campaign_id)
         est = FarmEstimator(
-            farm,
+            service,
             store,
             model=graph.name,
             measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
@@ -212,7 +220,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
             reconfirm=opts.reconfirm,
         )
         return est, store.writer
-    raise ValueError(f"unknown estimator {opts.estimator!r} (farm, offline, mock)")
+    raise ValueError(f"unknown estimator {opts.estimator!r} (farm, local, offline, mock)")
 
 
 def farm_slots(est: CostEstimator) -> dict | None:
@@ -318,6 +326,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
 
     specs = build_specs(opts.targets, opts.rule_options)
     candidates = all_candidates(graph, specs)
+    # on an Ethos-U board, Vela's own partitioning is a plan the search can always fall back to
+    candidates += [c for c in baseline_candidates(graph, opts.targets) if c not in candidates]
     if opts.pins is not None:
 
         candidates = filter_candidates(candidates, opts.pins)

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,12 @@ import onnx
 
 from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, load_graph, random_inputs
 
-__all__ = ["CACHE_ENV", "calibrate", "clear_memory_cache", "model_key"]
+__all__ = ["CACHE_ENV", "INT8_TOOLCHAINS", "calibrate", "clear_memory_cache", "model_key",
+           "ranges_for"]
+
+#: toolchains whose candidates are quantised to int8 with the whole model's ranges (Ethos-U's
+#: NPU and its Cortex-M host): a campaign calibrates once when it searches one of them
+INT8_TOOLCHAINS = frozenset({"vela", "cortex-m"})
 
 CACHE_ENV = "COLLAGE_FARM_CALIBRATION_CACHE"
 _FORMAT = 1  # bump when the file layout or the method changes
@@ -148,3 +154,22 @@ def calibrate(
     with _lock:
         _memory[key] = ranges
     return dict(ranges)
+
+
+def ranges_for(graph: DataflowGraph, given: Mapping[str, tuple[float, float]]
+               ) -> tuple[dict[str, tuple[float, float]], int]:
+    """The ``given`` ranges (the whole model's), with every float tensor of ``graph`` that lacks
+    one calibrated on ``graph`` itself (a build asked for outside a campaign); and how many were
+    filled that way."""
+    need = set(graph.graph_inputs) | {o for n in graph.nodes for o in n.outputs if o}
+    missing = [t for t in need if t not in given]
+    if not missing:
+        return dict(given), 0
+    own = calibrate(graph)
+    out = dict(given)
+    filled = 0
+    for t in missing:
+        if t in own:
+            out[t] = own[t]
+            filled += 1
+    return out, filled

@@ -14,18 +14,20 @@ Build (inside the runner's worker process: Vela segfaults on malformed TFLite):
    once per model by `runners.calibration`). A tensor without a range (a build asked for outside
    a campaign) is calibrated on the sub-model itself, and ``details["ranges"]`` says how many;
 2. the flatbuffer is compiled in-process by Vela's C++ core, ``ethosu.regor.compile`` (what
-   ``vela`` runs for U55/U65 since 4.x), with batch 1 as the model declares it;
+   ``vela`` runs for U55/U65/U85 since 4.x), with batch 1 as the model declares it;
 3. the accelerator configuration comes from the target (``accelerator_config``: ethos-u55-32/64/
-   128/256, ethos-u65-256/512); the system configuration and memory mode are section names of
-   the ``vela.ini`` bundled with ethos-u-vela, parsed by Vela's own ``ArchitectureFeatures`` (so an
-   invalid combination fails the way ``vela`` fails). Defaults are Vela's own defaults, as in
-   `runners.vela_facts.VELA_DEFAULTS`: ``Ethos_U55_High_End_Embedded`` / ``Shared_Sram`` for U55
-   (500 MHz core clock, weights in off-chip flash, activations in SRAM) and
-   ``Ethos_U65_Client_Server`` / ``Dedicated_Sram_384KB`` for U65 (1 GHz, DRAM behind a 384 KiB
-   SRAM cache). ``optimise`` is Vela's ``--optimise`` (``Performance`` by default).
+   128/256, ethos-u65-256/512, ethos-u85-128/256/512/1024/2048); the system configuration and
+   memory mode are section names of the ``vela.ini`` bundled with ethos-u-vela, parsed by
+   Vela's own ``ArchitectureFeatures`` (so an invalid combination fails the way ``vela``
+   fails). Defaults are Vela's own defaults, as in `runners.vela_facts.VELA_DEFAULTS`:
+   ``Ethos_U55_High_End_Embedded`` / ``Shared_Sram`` for U55 (500 MHz core clock, weights in
+   off-chip flash, activations in SRAM), ``Ethos_U65_Client_Server`` / ``Dedicated_Sram_384KB``
+   for U65 (1 GHz, DRAM behind a 384 KiB SRAM cache) and ``Ethos_U85_SYS_DRAM_Mid`` /
+   ``Dedicated_Sram_384KB`` for U85 (1 GHz). ``optimise`` is Vela's ``--optimise``
+   (``Performance`` by default).
 
 Cost: ``seconds = Vela total cycles / core clock of the system config`` for the NPU part, plus the
-host model below for the operators Vela leaves on the CPU. Per-operator cycles are kept in
+host's cycle model for the operators Vela leaves on the CPU. Per-operator cycles are kept in
 ``details["ops"]``: Vela's per-layer rows (its optimised database: ``perf`` rows -> ``source``
 operators -> ``ext_key`` = TFLite operator index) summed per TFLite operator and mapped back to
 the ONNX node names through `ConvertedModel.op_nodes`; they add up to Vela's total exactly.
@@ -33,10 +35,11 @@ the ONNX node names through `ConvertedModel.op_nodes`; they add up to Vela's tot
 
 Operators Vela cannot place on the NPU stay as "Passthrough" TFLite operators with 0 NPU cycles.
 On a real system they run on the host; they are costed with `HOST_MODEL`, an *analytic* model of
-a Cortex-M55 running CMSIS-NN int8 kernels (its figures and sources are in
-`runners.vela_estimate`), and that part is labelled ``analytic`` in the details
-(``details["analytic"]``) so nobody mistakes it for a Vela number. It is an estimate for
-ranking, not a simulator: an NPU-only candidate wins when one exists.
+a Cortex-M55 running TFLM int8 kernels (its figures and sources are in `runners.host_model`;
+a campaign's host is also a target of its own, `runners.cortex_m`), and that part is labelled
+``analytic`` in the details (``details["analytic"]``) so nobody mistakes it for a Vela number.
+A campaign's candidates hold only operators `VelaCapabilities` places on the NPU, so this part
+is non-zero only where Vela places an operator differently from those checks.
 
 The Vela configuration, the compile and the reading of Vela's report live in
 `runners.vela_estimate` (`vela_config`, `vela_estimate`); this module holds the capability
@@ -47,7 +50,9 @@ cycles, every time), so `measure` returns the one estimate as its one sample (n=
 `MeasureConfig` asks for; the config is still stored with the row.
 
 Capabilities: a node is taken when the converter maps it (`runners.tflite.convertible`) and the
-TFLite operator it becomes satisfies Vela's constraints for U55/U65. Vela publishes those as text
+TFLite operator it becomes satisfies Vela's constraints for U55/U65 (the U85 takes a superset
+of those operators; its targets are checked by the same, conservative, rules). Vela publishes
+those as text
 (``ethosu.regor.tflite_operator_constraints``, the source of ``vela --supported-ops-report``), not
 as callable checks, so the numeric ones that the converter's output can violate are restated in
 `vela_why_not` from that text (ethos-u-vela 5.2.0) and a unit test confirms each by compiling: the
@@ -62,8 +67,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -79,13 +83,13 @@ from runners.base import (
     Status,
     Toolchain,
 )
-from runners.calibration import calibrate
-from runners.measure import summarize
+from runners.deterministic import ConversionFailed, convert_for_build, one_sample, row_fields
+from runners.host_model import HOST_MODEL_REVISION
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
-from runners.tflite import ConversionError, UnsupportedOp, convert, convertible
+from runners.tflite import convertible
 from runners.tflite.attrs import _attr, _ints
-from runners.tflite.fold import _init_array
+from runners.tflite.fold import _folded, _init_array
 from runners.tflite.layout import _layout_noop
 from runners.tflite.params import _pool_geometry, _resolve_pads
 from runners.vela_estimate import (
@@ -96,7 +100,7 @@ from runners.vela_estimate import (
     vela_estimate,
     vela_ini,
 )
-from runners.vela_facts import VELA_DEFAULTS
+from runners.vela_facts import VELA_DEFAULTS, accelerator_family
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
@@ -310,7 +314,8 @@ def vela_why_not(node: Node, graph: DataflowGraph) -> str | None:
 
 
 class VelaCapabilities(Capabilities):
-    """Nodes the converter maps to int8 TFLite and Vela places on the NPU."""
+    """Nodes the converter maps to int8 TFLite and Vela places on the NPU (a node the
+    converter folds into a constant emits no operator, so Vela has nothing to refuse)."""
 
     style = "graph"
 
@@ -318,6 +323,8 @@ class VelaCapabilities(Capabilities):
         why = convertible(node, graph)
         if why is not None:
             return why
+        if _folded(node, graph):  # a conversion-time constant: emits no operator at all
+            return None
         return vela_why_not(node, graph)
 
 
@@ -331,7 +338,7 @@ def vela_config(target: Target) -> VelaConfig:
     Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
     """
     accel = str(target.option("accelerator_config", target.name) or target.name)
-    family = "u65" if accel.startswith("ethos-u65") else "u55"
+    family = accelerator_family(accel)
     system = str(target.option("system_config", None) or VELA_DEFAULTS[family][0])
     mode = str(target.option("memory_mode", None) or VELA_DEFAULTS[family][1])
     optimise = str(target.option("optimise", None) or "Performance")
@@ -340,23 +347,6 @@ def vela_config(target: Target) -> VelaConfig:
 
 # ----------------------------------------------------------------------------------------
 # the toolchain
-
-
-def _ranges_for(graph: DataflowGraph, given: Mapping[str, tuple[float, float]]
-                ) -> tuple[dict[str, tuple[float, float]], int]:
-    """The given ranges, with any float tensor that lacks one calibrated on the sub-model."""
-    need = set(graph.graph_inputs) | {o for n in graph.nodes for o in n.outputs if o}
-    missing = [t for t in need if t not in given]
-    if not missing:
-        return dict(given), 0
-    own = calibrate(graph)
-    out = dict(given)
-    filled = 0
-    for t in missing:
-        if t in own:
-            out[t] = own[t]
-            filled += 1
-    return out, filled
 
 
 class VelaToolchain(Toolchain):
@@ -393,7 +383,7 @@ class VelaToolchain(Toolchain):
             v = version("ethos-u-vela")
         except PackageNotFoundError:
             v = "missing"
-        return f"ethos-u-vela {v}; {CONVERTER_VERSION}"
+        return f"ethos-u-vela {v}; {CONVERTER_VERSION}; host model {HOST_MODEL_REVISION}"
 
     def device_description(self, target: Target) -> DeviceDescription:
         try:
@@ -426,23 +416,15 @@ class VelaToolchain(Toolchain):
             cfg = vela_config(inp.target)
         except Exception as e:
             return failed(Status.BUILD_FAILED, f"Vela configuration: {type(e).__name__}: {e}")
-        given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
         try:
-            ranges, filled = _ranges_for(graph, given)
-            conv = convert(graph, "int8", ranges)
-        except UnsupportedOp as e:
-            return failed(Status.UNSUPPORTED, str(e))
-        except ConversionError as e:
-            return failed(Status.BUILD_FAILED, f"int8 TFLite conversion: {e}")
-        except Exception as e:
-            return failed(Status.BUILD_FAILED, f"int8 TFLite conversion: "
-                                               f"{type(e).__name__}: {e}")
+            conv, note = convert_for_build(graph, "int8", inp.tensor_ranges)
+        except ConversionFailed as e:
+            return failed(e.status, e.error)
         try:
             est = vela_estimate(conv.tflite, cfg, conv, self.host)
         except Exception as e:  # Vela raises RuntimeError / VelaError on what it rejects
             return failed(Status.BUILD_FAILED, f"Vela: {type(e).__name__}: {e}")
-        est["ranges"] = ("whole model" if not filled else
-                         f"whole model; {filled} tensor(s) calibrated on the sub-model")
+        est["ranges"] = note
         est["tflite_bytes"] = len(conv.tflite)
         est["config"] = cfg.describe()
         est["accelerator_config"] = cfg.accelerator_config
@@ -457,11 +439,9 @@ class VelaToolchain(Toolchain):
         """The build's Vela estimate as one sample; recompiles the artifact when it has none."""
         t0 = time.perf_counter()
         build, config = inp.build, inp.config
-        common: dict[str, Any] = dict(kind=self.kind, device=self.device_description(build.target),
-                                      toolchain_version=self.version(), build_s=build.build_s)
-        if not build.ok:
-            return MeasureResult.failed(build, build.status, build.error or "build failed",
-                                        config, **common)
+        common, failed = row_fields(self, inp)
+        if failed is not None:
+            return failed
         est = build.detail("vela")
         if not isinstance(est, dict):
             try:
@@ -471,21 +451,13 @@ class VelaToolchain(Toolchain):
                 return MeasureResult.failed(build, Status.RUNTIME_ERROR,
                                             f"Vela: {type(e).__name__}: {e}", config,
                                             measure_s=time.perf_counter() - t0, **common)
-        seconds = float(est["seconds"])
-        if not (math.isfinite(seconds) and seconds > 0):
-            return MeasureResult.failed(build, Status.RUNTIME_ERROR,
-                                        f"Vela estimate is not a positive time ({seconds})",
-                                        config, measure_s=time.perf_counter() - t0, **common)
         details = {k: v for k, v in est.items() if k != "vela_log"}
         details["estimate"] = "simulated: Vela cycles / clock" + (
             " + analytic host model" if est.get("analytic") else "")
         if est.get("vela_log"):
             details["vela_log"] = est["vela_log"][-1000:]
-        return MeasureResult(
-            fingerprint=build.fingerprint, target=build.target, status=Status.OK, config=config,
-            samples=(seconds,), summary=summarize((seconds,)), measure_s=time.perf_counter() - t0,
-            details=tuple(sorted(details.items())), **common,
-        )
+        return one_sample(build, config, float(est["seconds"]), "Vela estimate", details, t0,
+                          common)
 
     def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
         """A plan partition: simulated latency, int8 numerics (`runners.runtime_sim`)."""

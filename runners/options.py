@@ -1,13 +1,13 @@
 """The options each toolchain accepts: names, types, allowed values and defaults.
 
 Option names are the ones the runners read (`runners.onnx_base`, `runners.ort`,
-`runners.openvino_cpu`, `runners.cuda`, `runners.litert`, `runners.ethosu`, `runners.null`; the
-toolchain -> module map is `runners.registry`); defaults
-are the runners' own, so they are *implicit* (a configuration that states one is the same
-target as one that leaves it out) except TensorRT's ``fp16``, which the built-in catalogue
-states explicitly. Options that are hardware facts are *locked* (Vela's ``accelerator_config``
-and ``system_config``: a configuration layer above the one that declares the board may repeat
-them, never change them).
+`runners.openvino_cpu`, `runners.cuda`, `runners.litert`, `runners.ethosu`, `runners.cortex_m`,
+`runners.null`; the toolchain -> module map is `runners.registry`); defaults are the runners'
+own, so they are *implicit* (a configuration that states one is the same target as one that
+leaves it out) except TensorRT's ``fp16`` and the Cortex-M ``core``, which the built-in
+catalogue states explicitly. Options that are hardware facts are *locked* (Vela's
+``accelerator_config`` and ``system_config``, the Cortex-M ``core``: a configuration layer above
+the one that declares the board may repeat them, never change them).
 `collage_farm.config` checks configuration files against `TOOLCHAIN_OPTIONS`; a runner gets a
 target's full set with `effective_options`.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from collage_farm.core.target import ETHOS_U_CONFIGS, Target
+from collage_farm.core.target import CORTEX_M_CORES, ETHOS_U_CONFIGS, Target
 from runners.vela_facts import (
     VELA_DEFAULTS,
     vela_family,
@@ -96,6 +96,11 @@ TOOLCHAIN_OPTIONS: dict[str, dict[str, OptionSpec]] = {
             choices=vela_memory_modes, default=lambda o: VELA_DEFAULTS[vela_family(o)][1]),
         "optimise": OptionSpec("str", "Vela --optimise", choices=("Performance", "Size"),
                                default="Performance"),
+    },
+    "cortex-m": {
+        "core": OptionSpec("str", "the Cortex-M core of the host cycle model (runners.host_model)",
+                           choices=CORTEX_M_CORES, default="cortex-m55", explicit=True,
+                           locked=True),
     },
     "null": {
         "speed": OptionSpec("number", "divides every fake cost", minimum=0, default=1.0),

@@ -45,6 +45,7 @@ TOOLCHAINS: dict[str, Entry] = {
     "ort-cuda": Entry("runners.cuda", "OrtCudaToolchain", "cuda"),
     "ort-tensorrt": Entry("runners.cuda", "OrtTensorRTToolchain", "cuda"),
     "vela": Entry("runners.ethosu", "VelaToolchain", "ethos-u"),
+    "cortex-m": Entry("runners.cortex_m", "CortexMToolchain", "cpu"),
     "litert": Entry("runners.litert", "LiteRTToolchain", "cpu"),
     "null": Entry("runners.null", "NullToolchain", "cpu"),
 }

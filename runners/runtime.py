@@ -31,8 +31,9 @@ from runners.base import BuildInput, Kind, RuntimeUnavailable, Toolchain
 
 __all__ = ["SIMULATED_TOOLCHAINS", "PartitionRuntime", "RuntimeInput", "generic_runtime"]
 
-#: toolchains whose partitions are never timed: their latency is the simulator's estimate
-SIMULATED_TOOLCHAINS = ("vela",)
+#: toolchains whose partitions are never timed: their latency is the simulator's estimate (Vela)
+#: or a cycle model's (the Cortex-M host of an Ethos-U board, `runners.cortex_m`)
+SIMULATED_TOOLCHAINS = ("vela", "cortex-m")
 
 
 @dataclass(frozen=True)

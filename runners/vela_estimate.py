@@ -8,25 +8,12 @@ optimised database (``perf`` rows -> ``source`` operators -> ``ext_key`` = TFLit
 index) into per-operator cycles, and costs the operators Vela leaves on the CPU with
 `HOST_MODEL`.
 
-`HostModel` is an *analytic* model of a Cortex-M55 running CMSIS-NN int8 kernels, labelled
-``analytic`` in the details so nobody mistakes it for a Vela number:
-
-* clock 400 MHz: the high-performance Cortex-M55 cores of Alif Ensemble MCUs, the first
-  production parts pairing a Cortex-M55 with an Ethos-U55 (Alif Semiconductor, "Power
-  Management" white paper: high-performance region up to 400 MHz);
-* 0.25 cycles per int8 MAC: the Cortex-M55's Helium (MVE) datapath peaks at 8 x 8-bit MACs per
-  cycle ("2x32-bit or 4x16-bit or 8x8-bit MACs/cycle", WikiChip, Cortex-M55
-  microarchitecture), and CMSIS-NN kernels are taken to reach half of that peak;
-* 0.25 cycles per byte moved (activations read and written plus weights read): the M55's 64-bit
-  internal bus moves 8 bytes per cycle at best (same source), again at half of peak;
-* 2,000 cycles per operator: TFLite Micro's interpreter dispatch and kernel prologue (order of
-  magnitude, not measured here).
-
-It is an estimate for ranking, not a simulator: a candidate that leaves heavy work on the host
-is costed as slow as an M-class core makes it, so an NPU-only candidate wins when one exists. The
-same model is used for U65 systems, whose host is an application processor (Cortex-A class): it
-overstates that host's cost, in the same direction. Hand-offs between NPU and host inside one
-candidate are not costed separately.
+Operators Vela leaves on the CPU ("Passthrough") are priced by the host's cycle model
+(`runners.host_model`: TFLM int8 kernels on a Cortex-M, CMSIS-NN where TFLM has an optimised
+kernel), labelled ``analytic`` in the details so nobody mistakes them for a Vela number. A
+campaign's NPU candidates hold only operators Vela places (`runners.ethosu.VelaCapabilities`),
+so this part is non-zero only where Vela places an operator differently from those checks.
+Hand-offs between NPU and host inside one compiled model are not costed separately.
 
 Vela itself (``ethosu.vela``, ``ethosu.regor``) is imported only inside the functions that
 compile or parse its configuration: importing this module costs nothing heavy.
@@ -43,6 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from runners.host_model import HOST_MODEL, HostModel
 from runners.vela_facts import vela_ini_path
 
 if TYPE_CHECKING:
@@ -50,31 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["HOST_MODEL", "HostModel", "VelaConfig", "resolve_vela_config", "vela_estimate",
            "vela_ini"]
-
-
-@dataclass(frozen=True)
-class HostModel:
-    """Analytic cost of an int8 TFLite operator run on the host CPU (see the module docstring)."""
-
-    name: str = "Arm Cortex-M55 @ 400 MHz, CMSIS-NN int8 (analytic)"
-    clock_hz: float = 400e6
-    cycles_per_mac: float = 0.25
-    cycles_per_byte: float = 0.25
-    cycles_per_op: float = 2000.0
-
-    def cycles(self, macs: int, nbytes: int) -> float:
-        return self.cycles_per_op + macs * self.cycles_per_mac + nbytes * self.cycles_per_byte
-
-    def seconds(self, macs: int, nbytes: int) -> float:
-        return self.cycles(macs, nbytes) / self.clock_hz
-
-    def describe(self) -> dict[str, Any]:
-        return {"host": self.name, "clock_hz": self.clock_hz,
-                "cycles_per_mac": self.cycles_per_mac,
-                "cycles_per_byte": self.cycles_per_byte, "cycles_per_op": self.cycles_per_op}
-
-
-HOST_MODEL = HostModel()
 
 
 @dataclass(frozen=True)
@@ -246,10 +209,11 @@ def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = 
         if rec["target"] != "cpu":
             continue
         info = infos.get(rec["index"])
-        macs, nbytes = (info.macs, info.bytes) if info else (0, 0)
-        cycles = host.cycles(macs, nbytes)
-        rec["host_cycles"] = cycles
-        rec["host_s"] = cycles / host.clock_hz
+        cost = host.op_cost(rec["op"], "int8", info.macs if info else 0,
+                            info.bytes if info else 0, info.out_bytes if info else 0)
+        rec["host_cycles"] = cost.cycles
+        rec["host_kernel"] = cost.kernel.value
+        rec["host_s"] = host.seconds(cost.cycles)
         rec["cost_source"] = "analytic"
         host_s += rec["host_s"]
         host_ops.append(rec["index"])

@@ -20,6 +20,7 @@ __all__ = [
     "VELA_DEFAULTS",
     "VELA_MEMORY_MODES",
     "VELA_SYSTEM_CONFIGS",
+    "accelerator_family",
     "vela_family",
     "vela_ini_path",
     "vela_ini_sections",
@@ -31,6 +32,8 @@ __all__ = [
 VELA_SYSTEM_CONFIGS = (
     "Ethos_U55_Deep_Embedded", "Ethos_U55_High_End_Embedded", "Ethos_U65_Embedded",
     "Ethos_U65_Mid_End", "Ethos_U65_High_End", "Ethos_U65_Client_Server",
+    "Ethos_U85_SYS_Flash_Low", "Ethos_U85_SYS_Flash_High", "Ethos_U85_SYS_DRAM_Low",
+    "Ethos_U85_SYS_DRAM_Mid", "Ethos_U85_SYS_DRAM_High",
 )
 VELA_MEMORY_MODES = (
     "Sram_Only", "Shared_Sram", "Dedicated_Sram", "Dedicated_Sram_256KB",
@@ -41,6 +44,7 @@ VELA_MEMORY_MODES = (
 VELA_DEFAULTS = {
     "u55": ("Ethos_U55_High_End_Embedded", "Shared_Sram"),
     "u65": ("Ethos_U65_Client_Server", "Dedicated_Sram_384KB"),
+    "u85": ("Ethos_U85_SYS_DRAM_Mid", "Dedicated_Sram_384KB"),
 }
 
 
@@ -80,15 +84,22 @@ def vela_ini_sections() -> tuple[tuple[str, ...], tuple[str, ...], dict[str, flo
     return tuple(systems), tuple(modes), clocks
 
 
+def accelerator_family(accelerator: str) -> str:
+    """``"u85"``, ``"u65"`` or ``"u55"``: the family of a Vela accelerator configuration."""
+    for fam in ("u85", "u65"):
+        if accelerator.startswith(f"ethos-{fam}"):
+            return fam
+    return "u55"
+
+
 def vela_family(options: Mapping[str, object]) -> str:
-    """``"u65"`` or ``"u55"``: the accelerator family of a Vela target's options."""
-    acc = str(options.get("accelerator_config", ""))
-    return "u65" if acc.startswith("ethos-u65") else "u55"
+    """``"u85"``, ``"u65"`` or ``"u55"``: the accelerator family of a Vela target's options."""
+    return accelerator_family(str(options.get("accelerator_config", "")))
 
 
 def vela_system_configs(options: Mapping[str, object]) -> tuple[object, ...]:
     """The vela.ini system configs of the options' accelerator family."""
-    prefix = "Ethos_U65_" if vela_family(options) == "u65" else "Ethos_U55_"
+    prefix = f"Ethos_{vela_family(options).upper()}_"
     return tuple(s for s in vela_ini_sections()[0] if s.startswith(prefix))
 
 

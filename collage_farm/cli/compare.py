@@ -4,28 +4,42 @@ One interleaved run times the model whole on each target (plus ORT's own multi-E
 where it applies, and optionally a plan), printed as a table, JSON and a PNG bar chart. With
 ``--cost-table`` it also compares sub-graphs: the same sub-graph's measured cost on each target,
 largest spread first (where the choice of toolchain matters most).
+
+On a simulated Ethos-U board (``--targets`` an NPU and its Cortex-M host) nothing can be timed
+here: the table gives simulated figures instead (`simulated_board`): each target's whole model
+(where it takes every node), **Vela whole** (Vela's own NPU / host split,
+`collage_farm.postsearch.vela_whole`) and, with ``--plan``, the plan's estimate, all costed by
+the same builds (real Vela compiles, the host's cycle model) and the board's transition model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from collage_farm.campaign import build_specs, load_source
+from collage_farm.campaign import build_specs, load_source, tensor_ranges_provider
 from collage_farm.cli.measure import add_measure_args, fmt_ms, measure_config
+from collage_farm.config import builtin_system_for
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.graph import DataflowGraph, parse_shape
 from collage_farm.core.plan import load_plan
 from collage_farm.core.rules import RuleOptions, all_candidates
+from collage_farm.core.search import NoCoverError, search
+from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target, parse_targets
-from collage_farm.costtable import CostTable
+from collage_farm.core.transition import AnalyticTransitionModel
+from collage_farm.costtable import CostTable, TableStore
 from collage_farm.execute import CompareResult, PlanExecutor, Single, compare_interleaved
+from collage_farm.postsearch.vela_whole import FIGURES, Board, ethos_u_board, vela_whole
 from collage_farm.report import plot_bars, plot_spread
+from estimators.local import LocalService
+from estimators.measured import FarmEstimator
 
-__all__ = ["add_compare_parser", "run_compare", "subgraph_spread"]
+__all__ = ["add_compare_parser", "run_compare", "simulated_board", "subgraph_spread"]
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +67,9 @@ def run_compare(args: argparse.Namespace) -> int:
     shapes = dict(parse_shape(s) for s in args.shape)
     graph = load_source(args.model, shapes, args.layers)
     targets = parse_targets(args.targets)
+    board = ethos_u_board(targets)
+    if board is not None:
+        return _print_board(graph.name, simulated_board(graph, targets, board, args.plan), args)
     singles = [Single.of(t) for t in targets]  # labelled by target, built with its options
     spread: list[dict] | None = None
     if args.cost_table:
@@ -106,6 +123,56 @@ def _print_compare(model: str, rows: list[tuple[str, float]], cmp: CompareResult
         _spread_table(spread, args.top)
         if "subgraph_plot" in out:
             print(f"sub-graph plot: {out['subgraph_plot']}")
+
+
+def simulated_board(graph: DataflowGraph, targets: Sequence[Target], board: Board,
+                    plan: str | None = None) -> dict[str, Any]:
+    """Simulated whole-model figures on an Ethos-U board: each target alone, Vela whole and
+    (``plan``: a plan directory) the plan's own estimate; failures as text."""
+    cfg = builtin_system_for(targets)
+    transition = cfg.transition if cfg is not None else AnalyticTransitionModel()
+    rows: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        est = FarmEstimator(LocalService(sorted({t.toolchain for t in targets})),
+                            TableStore(Path(tmp) / "costs", campaign_id="compare"),
+                            model=graph.name, prune=False,
+                            tensor_ranges_for=tensor_ranges_provider(graph, targets))
+        try:
+            for t in targets:
+                whole = CandidatePartition(SubGraph(graph, graph.all_mask), t, rule="single")
+                try:
+                    rows[t.id] = search(graph, [whole], est, transition, lazy=False).total_s
+                except NoCoverError:
+                    errors[t.id] = est.why_invalid(whole) or "does not take every node"
+            try:
+                rows["vela-whole"] = vela_whole(graph, board, est, transition).total_s
+            except ValueError as e:
+                errors["vela-whole"] = str(e)
+        finally:
+            est.close()
+    if plan is not None:
+        rows["plan"] = float(load_plan(plan)[0].estimated_total_s)
+    return {"model": graph.name, "figures": FIGURES, "transition": transition.label,
+            "simulated_s": rows, "errors": errors}
+
+
+def _print_board(model: str, out: dict[str, Any], args: argparse.Namespace) -> int:
+    rows = list(out["simulated_s"].items())
+    if args.plot and rows:
+        out["plot"] = str(plot_bars(rows, Path(args.plot), f"{model}: simulated latency"))
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    best = min((v for _, v in rows), default=None)
+    print(f"{model}: {out['figures']}; transitions {out['transition']}")
+    for k, v in rows:
+        print(f"  {k:14s} {fmt_ms(v):>14s}  {v / best:6.2f}x  (simulated)" if best else k)
+    for k, e in out["errors"].items():
+        print(f"  {k:14s} no figure: {' '.join(e.split())[:200]}")
+    if "plot" in out:
+        print(f"plot: {out['plot']}")
+    return 0
 
 
 def _spread_png(plot: Path) -> Path:

@@ -115,6 +115,14 @@ def run_targets(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------
 
 
+def _link_line(lk: dict[str, Any]) -> str:
+    """One link of a configuration's JSON view as text."""
+    head = f"  link {lk['from']} -> {lk['to']}: {lk['latency_s'] * 1e6:g} us"
+    if lk.get("bytes_per_s") is None:
+        return head + " (shared memory: no copy)"
+    return head + f" + bytes / {lk['bytes_per_s'] / 1e9:g} GB/s"
+
+
 def _catalogue_target(t: Target) -> dict[str, Any]:
     return {"name": t.name, "toolchain": t.toolchain, "device": t.device.label,
             "options": dict(t.options), "effective_options": effective_options(t),
@@ -181,9 +189,7 @@ def _list_text(data: dict[str, Any], cfg: FarmConfig | None) -> str:
             out.append("  pins:")
             out += [f"    {p}" for p in c["pins"]]
         out.append(f"  subgraph limits: {c['subgraph_limits']}")
-        for lk in c["links"]:
-            out.append(f"  link {lk['from']} -> {lk['to']}: {lk['latency_s'] * 1e6:g} us + "
-                       f"bytes / {lk['bytes_per_s'] / 1e9:g} GB/s")
+        out += [_link_line(lk) for lk in c["links"]]
         return "\n".join(out + _unavailable_text(data))
     for name, s in data["systems"].items():
         out.append(f"{name}: {s['description']}")
@@ -266,9 +272,7 @@ def _show_text(data: dict[str, Any]) -> str:
                 td = s["targets"][t]
                 out.append(f"    target {t}: toolchain {td['toolchain']}, options "
                            f"{td['options']}, measure key {td['measure_key']}")
-        for lk in s["links"]:
-            out.append(f"  link {lk['from']} -> {lk['to']}: {lk['latency_s'] * 1e6:g} us + "
-                       f"bytes / {lk['bytes_per_s'] / 1e9:g} GB/s")
+        out += [_link_line(lk) for lk in s["links"]]
     t = data["target"]
     if t is not None:
         out.append(f"target {t['name']}")

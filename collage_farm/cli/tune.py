@@ -16,10 +16,16 @@ from collage_farm.campaign import DEFAULT_REFINE_TRIALS, TuneOptions
 from collage_farm.campaign import run_tune as run_campaign
 from collage_farm.cli.errors import UserError
 from collage_farm.cli.targets import add_config_args, config_from_args, toolchain_unavailable
+from collage_farm.config import builtin_system_for
 from collage_farm.core.graph import parse_shape
 from collage_farm.core.pins import PinSet
 from collage_farm.core.rules import RuleOptions
-from collage_farm.core.target import Target, parse_targets
+from collage_farm.core.target import (
+    EMBEDDED_TOOLCHAINS,
+    Target,
+    board_conflict,
+    parse_targets,
+)
 from collage_farm.core.transition import TransitionModel
 from collage_farm.report.summary import story_text
 
@@ -129,15 +135,33 @@ def _targets_from_args(args: argparse.Namespace
                                   RuleOptions]:
     """Targets, transition model, pins and rule options from --targets and config files.
 
-    Without a config file: the built-in targets named, no transition model and no pins (the
-    campaign's defaults), and ``--max-depth``. With one, its ``subgraph`` limits decide (their
-    ``max_depth`` unset: ``--max-depth``).
+    Without a config file: the built-in targets named (refused when they are on no one board,
+    `_board`), no pins and ``--max-depth``. With one, its ``subgraph`` limits decide (their
+    ``max_depth`` unset: ``--max-depth``). An Ethos-U NPU comes with its board's host.
     """
     cfg = config_from_args(args)
     if cfg is None:
-        return parse_targets(args.targets), None, None, RuleOptions(max_depth=args.max_depth)
-    return (cfg.resolve_targets(args.targets), cfg.transition, cfg.pin_set or None,
-            cfg.rule_options(args.max_depth))
+        targets, transition = _board(parse_targets(args.targets))
+        return targets, transition, None, RuleOptions(max_depth=args.max_depth)
+    return (cfg.with_board_host(cfg.resolve_targets(args.targets)), cfg.transition,
+            cfg.pin_set or None, cfg.rule_options(args.max_depth))
+
+
+def _board(targets: list[Target]) -> tuple[list[Target], TransitionModel | None]:
+    """Built-in targets named without a system file, on their board: the built-in Ethos-U board
+    that holds them gives its transition model (NPU invocation, hand-over) and its host (when
+    only the NPU is named); other targets keep the campaign's default (None). `UserError` when
+    no one board holds them all (an x86 toolchain next to a simulated NPU): such a plan would
+    be for a board that does not exist."""
+    why = board_conflict(targets)
+    if why is not None:
+        raise UserError(why)
+    if not all(t.toolchain in EMBEDDED_TOOLCHAINS for t in targets):
+        return targets, None
+    board = builtin_system_for(targets)
+    if board is None:
+        return targets, None
+    return board.with_board_host(targets), board.transition
 
 
 def _tune_options(args: argparse.Namespace) -> TuneOptions:

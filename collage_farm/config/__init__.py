@@ -40,7 +40,10 @@ System file schema (every key optional unless marked)::
     links:                            # measured or datasheet copy costs between two devices
       - {from: host, to: gpu0, latency_us: 10, gb_per_s: 12}   # symmetric unless the
                                                                # reverse is declared too
-    transition: {handoff_gb_per_s: 10}
+      # - {from: mcu, to: npu, latency_us: 2, shared_memory: true}  # one memory: no copy,
+      #                                                             # a driver call per tensor
+    transition: {handoff_gb_per_s: 10}  # or {handoff_copy: false}: partitions share one
+                                        # tensor arena (an MCU), a boundary copies nothing
     subgraph: {max_depth: 4, max_exits: 2, allow_taps: false}
 
 A device may be referred to (in ``links`` and in app pins) by its name (``gpu0``), its label
@@ -113,7 +116,7 @@ too, for the callers that read them from this package.
 
 from __future__ import annotations
 
-from collage_farm.config.load import load_config
+from collage_farm.config.load import builtin_system_for, load_config
 from collage_farm.config.schema import (
     ConfigTargetError,
     DeviceSpec,
@@ -147,6 +150,7 @@ __all__ = [
     "ScaledTransitionModel",
     "SubgraphLimits",
     "TransitionSample",
+    "builtin_system_for",
     "builtin_system_path",
     "builtin_systems",
     "effective_options",

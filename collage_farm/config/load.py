@@ -8,7 +8,7 @@ a `ConfiguredTransitionModel`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from collage_farm.core.pins import Pin
 from collage_farm.core.target import ConfigError, Target
 from collage_farm.core.transition import DEFAULT_LINKS, ConfiguredTransitionModel, Link
 
-__all__ = ["load_config"]
+__all__ = ["builtin_system_for", "load_config"]
 
 
 @dataclass
@@ -89,6 +89,18 @@ def load_config(system: str | Path | None = None, app: str | Path | None = None,
         launch_s=dict(sysc.launch_s), host=sysc.host, app_name=m.app_name,
         description=m.description, sources=m.sources, target_descriptions=m.descriptions,
     )
+
+
+def builtin_system_for(targets: Sequence[Target]) -> FarmConfig | None:
+    """The first built-in system (by name) that declares every one of ``targets`` as it is
+    (same toolchain, device and options), or None: the board that ``--targets`` names without
+    a system file, whose transition model then applies."""
+    for name in builtin_systems():
+        cfg = load_config(builtin_system=name)
+        declared = set(cfg.targets.values())
+        if all(t in declared for t in targets):
+            return cfg
+    return None
 
 
 def _choose_system(ar: Reader, system: str | Path | None, builtin_system: str | None,

@@ -9,6 +9,7 @@ app's selection, devices, links, pins, candidate limits and the transition model
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +55,7 @@ DEVICE_KEYS = ("kind", "id", "memory_scope", "host", "model", "description", "me
                "clock_mhz", "targets")
 TARGET_KEYS = ("toolchain", "options", "description")
 TOOLCHAIN_KEYS = ("launch_us", "options")
-LINK_KEYS = ("from", "to", "latency_us", "gb_per_s", "symmetric")
+LINK_KEYS = ("from", "to", "latency_us", "gb_per_s", "symmetric", "shared_memory")
 SUBGRAPH_KEYS = ("max_depth", "max_exits", "allow_taps")
 PIN_KEYS = ("node", "op", "device", "target", "optional")
 VARIANT_KEYS = ("base", "options", "description")
@@ -94,7 +95,7 @@ class LinkSpec:
     src: str  # device label
     dst: str
     latency_s: float
-    bytes_per_s: float
+    bytes_per_s: float  # math.inf for devices that share memory: no copy
     origin: str = ""  # "file: links[i]" (or "... (reverse)")
 
 
@@ -171,6 +172,15 @@ class FarmConfig:
             raise ConfigTargetError("no targets given", key="--targets", allowed=list(self.targets))
         return out
 
+    def with_board_host(self, targets: list[Target]) -> list[Target]:
+        """``targets`` plus the host device's targets when they name an NPU (Vela) and nothing
+        on the host: on an Ethos-U board the host runs what the NPU cannot, whatever the
+        selection says (without it a model with one operator the NPU lacks has no plan)."""
+        if self.host is None or not any(t.toolchain == "vela" for t in targets) \
+                or any(t.device == self.host for t in targets):
+            return targets
+        return targets + [t for t in self.targets.values() if t.device == self.host]
+
     # --- what-ifs ----------------------------------------------------------------------
     def with_transition(self, model: TransitionModel) -> FarmConfig:
         """The same configuration with another transition model (e.g. measured from a table)."""
@@ -222,6 +232,8 @@ class FarmConfig:
             "pins": [p.describe() for p in self.pins],
             "subgraph_limits": dataclasses.asdict(self.subgraph_limits),
             "links": [{"from": x.src, "to": x.dst, "latency_s": x.latency_s,
-                       "bytes_per_s": x.bytes_per_s} for x in self.links],
+                       "bytes_per_s": x.bytes_per_s if math.isfinite(x.bytes_per_s) else None,
+                       "shared_memory": not math.isfinite(x.bytes_per_s)}
+                      for x in self.links],
             "transition": self.transition.label,
         }

@@ -8,6 +8,7 @@ device kind each runs, is the runner registry's (`runners.registry.TOOLCHAINS`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -114,8 +115,14 @@ def read_system(source: str | Path, label: str | None = None,
     tcs = _read_toolchains(r, top.get("toolchains"))
     decl = _read_devices(r, top.get("devices"), tcs)
     links = _read_links(r, top.get("links"), decl.devices, file)
-    tr = r.mapping(top.get("transition"), "transition", ("handoff_gb_per_s",))
+    tr = r.mapping(top.get("transition"), "transition", ("handoff_gb_per_s", "handoff_copy"))
     handoff = r.value(tr, "handoff_gb_per_s", "transition", "number", positive=True)
+    if not r.value(tr, "handoff_copy", "transition", "bool", default=True):
+        if handoff is not None:
+            raise r.error("transition", "handoff_copy: false (partitions share one tensor "
+                          "arena) leaves nothing for handoff_gb_per_s to price",
+                          ["handoff_copy: false", "handoff_gb_per_s: N"])
+        handoff = math.inf
     limits = read_limits(r, top.get("subgraph"))
     return SystemSpec(
         name=name, file=file, description=description, devices=decl.devices,
@@ -244,7 +251,12 @@ def _read_links(r: Reader, raw: object, devices: Mapping[str, DeviceSpec], file:
             raise r.error(join_key(path, "to"), f"a link needs two different devices, got "
                           f"{src!r} twice", [x for x in labels if x != src])
         lat = r.value(b, "latency_us", path, "number", required=True, minimum=0) * 1e-6
-        bw = r.value(b, "gb_per_s", path, "number", required=True, positive=True) * 1e9
+        shared = r.value(b, "shared_memory", path, "bool", default=False)
+        if shared and "gb_per_s" in b:
+            raise r.error(join_key(path, "gb_per_s"), "a shared_memory link copies nothing: "
+                          "its hand-over is latency_us alone", ["latency_us"])
+        bw = math.inf if shared else r.value(b, "gb_per_s", path, "number", required=True,
+                                             positive=True) * 1e9
         sym = r.value(b, "symmetric", path, "bool", default=True)
         if (src, dst) in declared:
             raise r.error(path, f"conflict: link {src} -> {dst} is already declared at "

@@ -14,7 +14,15 @@ Two identities matter:
 
 The built-in catalogue below gives the target names the whole project uses (``ort-cpu``,
 ``openvino-cpu``, ``ort-cuda``, ``ort-tensorrt``, ``litert-cpu``, ``ethos-u55-32|64|128|256``,
-``ethos-u65-256|512``); `collage_farm.config` builds richer target sets from YAML.
+``ethos-u65-256|512``, ``ethos-u85-128|256|512|1024|2048``, and the Cortex-M hosts of Ethos-U
+boards ``cortex-m55`` / ``cortex-m85``, on ``cpu:0/mcu``); `collage_farm.config` builds richer
+target sets from YAML.
+
+A plan is for one board. `board_conflict` says why a set of catalogue targets is on no board
+that exists: toolchains of this machine (ONNX Runtime, OpenVINO, LiteRT, CUDA) next to a
+simulated Ethos-U board (`EMBEDDED_TOOLCHAINS`), two different NPUs, two different hosts. A
+system file that puts targets on one board is the user's statement that the board exists, and
+is not checked.
 """
 
 from __future__ import annotations
@@ -96,6 +104,12 @@ class Target:
 CPU0 = VirtualDevice("cpu", 0)
 CUDA0 = VirtualDevice("cuda", 0)
 NPU0 = VirtualDevice("ethos-u", 0)
+#: the Cortex-M host of an Ethos-U board: a CPU with memory of its own (not this machine's)
+MCU0 = VirtualDevice("cpu", 0, "mcu")
+
+#: toolchains whose targets are parts of a simulated Ethos-U board (NPU and Cortex-M host)
+EMBEDDED_TOOLCHAINS = frozenset({"vela", "cortex-m"})
+CORTEX_M_CORES = ("cortex-m55", "cortex-m85")
 
 ETHOS_U_CONFIGS = (
     "ethos-u55-32",
@@ -104,6 +118,11 @@ ETHOS_U_CONFIGS = (
     "ethos-u55-256",
     "ethos-u65-256",
     "ethos-u65-512",
+    "ethos-u85-128",
+    "ethos-u85-256",
+    "ethos-u85-512",
+    "ethos-u85-1024",
+    "ethos-u85-2048",
 )
 
 
@@ -117,6 +136,8 @@ def _builtin() -> dict[str, Target]:
     ]
     for accel in ETHOS_U_CONFIGS:
         targets.append(Target.make(accel, "vela", NPU0, {"accelerator_config": accel}))
+    for core in CORTEX_M_CORES:
+        targets.append(Target.make(core, "cortex-m", MCU0, {"core": core}))
     return {t.name: t for t in targets}
 
 
@@ -145,6 +166,27 @@ class ConfigError(ValueError):
         if self.allowed is not None:
             text += f" (allowed: {', '.join(map(str, self.allowed)) or 'none'})"
         super().__init__(text)
+
+
+def board_conflict(targets: Iterable[Target]) -> str | None:
+    """Why these targets are on no one board (None when they are): an Ethos-U NPU or
+    Cortex-M host (`EMBEDDED_TOOLCHAINS`) with a toolchain of this machine, two different NPUs
+    or two different Cortex-M cores."""
+    ts = list(targets)
+    embedded = [t.id for t in ts if t.toolchain in EMBEDDED_TOOLCHAINS]
+    here = [t.id for t in ts if t.toolchain not in EMBEDDED_TOOLCHAINS]
+    if embedded and here:
+        return (f"{', '.join(here)} run{'s' if len(here) == 1 else ''} on this machine but "
+                f"{', '.join(embedded)} {'is' if len(embedded) == 1 else 'are'} a simulated "
+                "Ethos-U board: a plan mixing them is for a board that does not exist (search "
+                "them in separate campaigns, or give a --system file that puts them on one "
+                "board)")
+    for tc, key, what in (("vela", "accelerator_config", "NPUs"), ("cortex-m", "core", "hosts")):
+        kinds = sorted({str(t.option(key, t.name)) for t in ts if t.toolchain == tc})
+        if len(kinds) > 1:
+            return (f"{' and '.join(kinds)} are two different {what}: an Ethos-U board has one "
+                    "(give a --system file for a board with both)")
+    return None
 
 
 def get_target(name: str, catalogue: Mapping[str, Target] | None = None) -> Target:

@@ -28,6 +28,7 @@ from collage_farm.postsearch import never_worse
 from collage_farm.postsearch.moves import parts_of, to_search_result
 from collage_farm.postsearch.never_worse import VerifyResult
 from collage_farm.postsearch.refine import refine
+from collage_farm.postsearch.vela_whole import ethos_u_board, exact_never_worse
 from estimators.base import CostEstimator
 from runners.base import MeasureConfig
 
@@ -79,8 +80,16 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     beat it beyond noise in this run) is kept only when it beats the best single toolchain
     beyond noise (`collage_farm.postsearch.noise`: 3% floor); otherwise the output plan is the
     best single toolchain's whole model, and the summary says so with both figures.
+
+    On a simulated Ethos-U board (NPU + Cortex-M host targets only) nothing can be timed here:
+    the plan is compared exactly with Vela's own partitioning of the model instead
+    (`collage_farm.postsearch.vela_whole.exact_never_worse`).
     """
     t0 = time.perf_counter()
+    board = ethos_u_board(opts.targets)
+    if board is not None and opts.verify:  # simulated board: exact, against Vela whole
+        out, info = exact_never_worse(graph, board, result, est, transition)
+        return PostSearch(out, info, {}, time.perf_counter() - t0)
     builder = PlanBuilder(graph, threads=1)
     start = parts_of(result)
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,

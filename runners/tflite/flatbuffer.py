@@ -57,7 +57,8 @@ def _serialise(conv: _Builder, q: Mapping[int, tuple[float, int]]) -> ConvertedM
 
     ops = tuple(
         OpInfo(i, op.code, op.nodes, op.macs,
-               sum(_activation_bytes(conv, t) for t in (*op.inputs, *op.outputs)))
+               sum(_activation_bytes(conv, t) for t in (*op.inputs, *op.outputs)),
+               sum(_activation_bytes(conv, t) for t in op.outputs))
         for i, op in enumerate(conv.ops)
     )
     return ConvertedModel(

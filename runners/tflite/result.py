@@ -92,6 +92,7 @@ class OpInfo:
     nodes: tuple[str, ...]  # ONNX node names; first: the node it was emitted for
     macs: int  # multiply-accumulates (conv / FC), 0 for the others
     bytes: int  # activation bytes read + written, plus constant bytes read
+    out_bytes: int = 0  # activation bytes written (a GATHER reads as much as it writes)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,189 @@
+"""Vela's own partitioning of a model ("Vela whole"): the baseline of an Ethos-U campaign.
+
+What an Ethos-U user gets without Collage: the whole model compiled by Vela, which places on the
+NPU every operator it can and leaves the rest to the Cortex-M host, the model's operator order
+deciding where the NPU sub-graphs start and end. `vela_whole_parts` reproduces that split on
+the model's own (post-DFS, topological) node order: each maximal run of nodes that the NPU
+target's capability check accepts (`runners.ethosu.VelaCapabilities`, Vela's published
+constraints, checked against Vela's placement by unit tests) is one NPU partition, compiled by
+Vela as one model; each maximal run of the others is one host partition. A run of a
+topological order is convex, so this is always a valid plan. The split is computed from the
+capability check rather than read back from a single whole-model compile because the int8
+converter does not write every operator of every model (GATHER and the LayerNorm decomposition
+exist in float32 only), while the host takes them in float32. Two rules follow the
+converter: a node it folds into a constant emits nothing and goes with the NPU when Vela takes
+its neighbours, and the exact-GELU chain around an Erf (a TFLite GELU in float32 only) goes to
+the host whole.
+
+The baseline is costed exactly like the search's plans: its partitions are ordinary candidates
+(``rule="vela-whole"``), priced by the campaign's estimator (Vela cycles for the NPU, the host's
+cycle model for the Cortex-M: the same rows and the same cost table), and the search over just
+those candidates charges the same transition model (NPU invocations, hand-overs).
+`baseline_candidates` adds them to a campaign's candidates, so the search can only do better;
+`exact_never_worse` then compares the plan with the baseline exactly: both figures are
+deterministic (Vela is; the host model is a formula), so no noise threshold applies, and the
+summary says the figures are simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.estimator import CostEstimator
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.search import NoCoverError, SearchResult, search
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import EMBEDDED_TOOLCHAINS, Target
+from collage_farm.core.transition import TransitionModel
+from collage_farm.execute.builder import Part
+from runners.cortex_m import joint_groups
+from runners.registry import capabilities_for
+
+__all__ = ["Board", "baseline_candidates", "ethos_u_board", "exact_never_worse", "vela_whole",
+           "vela_whole_parts"]
+
+RULE = "vela-whole"
+FIGURES = ("simulated: Vela's cycle estimate for the NPU and the analytic cycle model of the "
+           "Cortex-M host (runners.host_model); not measured on a board")
+
+
+@dataclass(frozen=True)
+class Board:
+    """The two halves of an Ethos-U campaign: the NPU target Vela compiles for, and the host."""
+
+    npu: Target
+    host: Target
+
+
+def ethos_u_board(targets: Sequence[Target]) -> Board | None:
+    """The board of a campaign whose targets are all Ethos-U parts with at least one NPU and
+    one host (the first of each: variants of either are the search's business), else None."""
+    if not targets or any(t.toolchain not in EMBEDDED_TOOLCHAINS for t in targets):
+        return None
+    npus = [t for t in targets if t.toolchain == "vela"]
+    hosts = [t for t in targets if t.toolchain == "cortex-m"]
+    return Board(npus[0], hosts[0]) if npus and hosts else None
+
+
+def _placement_of(graph: DataflowGraph, board: Board) -> list[Target]:
+    """Per node (by index): the NPU when Vela takes it, else the host; a node the host maps
+    only together with others (`runners.cortex_m.joint_groups`) takes them all to the host."""
+    npu = capabilities_for(board.npu.toolchain)
+    host = capabilities_for(board.host.toolchain)
+    place: list[Target] = []
+    for node in graph.nodes:
+        if npu.supports(node, graph):
+            place.append(board.npu)
+            continue
+        why = host.why_not(node, graph)
+        if why is not None:
+            raise ValueError(f"{node.op_type} node {node.name!r} runs on neither "
+                             f"{board.npu.id} nor {board.host.id} ({why})")
+        place.append(board.host)
+    for group in joint_groups(graph):
+        if any(place[i] == board.host for i in group):
+            for i in group:
+                place[i] = board.host
+    return place
+
+
+def vela_whole_parts(graph: DataflowGraph, board: Board) -> list[Part]:
+    """Vela's split of ``graph`` (module docstring), in execution order.
+
+    ValueError names the first node that neither the NPU nor the host takes.
+    """
+    parts: list[Part] = []
+    mask = 0
+    run: Target | None = None
+    for node, target in zip(graph.nodes, _placement_of(graph, board)):
+        if target != run and mask:
+            assert run is not None
+            parts.append(Part(mask, run))
+            mask = 0
+        run = target
+        mask |= 1 << node.index
+    if mask:
+        assert run is not None
+        parts.append(Part(mask, run))
+    return parts
+
+
+def _candidates(graph: DataflowGraph, parts: Sequence[Part]) -> list[CandidatePartition]:
+    return [CandidatePartition(SubGraph(graph, p.mask), p.target, rule=RULE) for p in parts]
+
+
+def baseline_candidates(graph: DataflowGraph, targets: Sequence[Target]
+                        ) -> list[CandidatePartition]:
+    """The Vela-whole partitions as candidates when ``targets`` are an Ethos-U board (none
+    otherwise, or when some node runs on neither half: the search then says which)."""
+    board = ethos_u_board(targets)
+    if board is None:
+        return []
+    try:
+        return _candidates(graph, vela_whole_parts(graph, board))
+    except ValueError:
+        return []
+
+
+def vela_whole(graph: DataflowGraph, board: Board, est: CostEstimator,
+               transition: TransitionModel) -> SearchResult:
+    """The Vela-whole plan costed by ``est`` with ``transition`` (the search over its own
+    partitions only, so transfers and invocations are charged as for any plan).
+
+    ValueError when a node runs on neither half or a partition has no valid cost."""
+    cands = _candidates(graph, vela_whole_parts(graph, board))
+    try:
+        return search(graph, cands, est, transition, lazy=False)
+    except NoCoverError as e:
+        why = [est.why_invalid(c) for c in cands]
+        raise ValueError(f"Vela whole has no cost: {e}; "
+                         + "; ".join(w for w in why if w)[:300]) from None
+
+
+def _placement(graph: DataflowGraph, result: SearchResult) -> dict[str, str]:
+    return {graph.nodes[i].name: p.candidate.target.id for p in result.partitions
+            for i in range(len(graph.nodes)) if p.candidate.mask >> i & 1}
+
+
+def exact_never_worse(graph: DataflowGraph, board: Board, result: SearchResult,
+                      est: CostEstimator, transition: TransitionModel
+                      ) -> tuple[SearchResult, dict]:
+    """The plan to write (the search's, or Vela whole when it is not cheaper: no noise
+    threshold) and the summary's figures of the comparison."""
+    info: dict = {"figures": FIGURES, "baseline": "vela_whole",
+                  "verify": "exact: the plan's simulated figures against Vela whole's (both "
+                            "deterministic); nothing is timed end to end"}
+    try:
+        base = vela_whole(graph, board, est, transition)
+    except ValueError as e:
+        info.update(plan_is="dijkstra", vela_whole_estimated_s=None,
+                    never_worse=f"not checked: {e}")
+        return result, info
+    plan_s, base_s = result.total_s, base.total_s
+    same = ({(p.candidate.mask, p.candidate.target.id) for p in result.partitions}
+            == {(p.candidate.mask, p.candidate.target.id) for p in base.partitions})
+    keep = same or plan_s <= base_s
+    out = result if keep else base
+    before, after = _placement(graph, base), _placement(graph, out)
+    moved = sorted(n for n in after if after[n] != before.get(n))
+    info.update({
+        "plan_is": "dijkstra" if keep else "vela_whole",
+        "vela_whole_estimated_s": base_s,
+        "vela_whole_partitions": len(base.partitions),
+        "speedup_vs_vela_whole": (base_s / out.total_s
+                                  if out.total_s > 0 and math.isfinite(base_s) else None),
+        "moved_from_vela_whole": {
+            "to_npu": [n for n in moved if after[n] == board.npu.id],
+            "to_host": [n for n in moved if after[n] == board.host.id]},
+        "never_worse": (
+            f"the plan is Vela's own partitioning ({base_s * 1e3:.4f} ms simulated; exact "
+            "comparison)" if same else
+            f"the plan ({plan_s * 1e3:.4f} ms simulated) is "
+            f"{'not slower than' if keep else 'slower than'} Vela whole "
+            f"({base_s * 1e3:.4f} ms simulated; exact comparison, both figures deterministic)"
+            + ("" if keep else ": the output plan is Vela whole")),
+    })
+    return out, info
