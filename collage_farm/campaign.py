@@ -370,8 +370,9 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
         cut_info: dict | None = None
-        profile_mode = (MeasureStrategy.parse(opts.measure) is MeasureStrategy.PROFILE
-                        and est.kind.reads_table)
+        # profile mode wraps the estimator the campaign built; a caller's own is used as is
+        profile_mode = (own and est.kind.reads_table
+                        and MeasureStrategy.parse(opts.measure) is MeasureStrategy.PROFILE)
         if opts.cut_costs and est.kind.reads_table:
             # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
             transition, cut_info = with_cut_costs(graph, opts.targets, transition,

@@ -112,8 +112,10 @@ def _walk_back(topo: OnnxTopology, k: Kernel, gid: int, group_of: dict[str, int]
 
 
 def _neighbour_group(i: int, kernels: Sequence[Kernel], gid_of: Sequence[int],
-                     members: set[int]) -> int | None:
-    """The group of the nearest kernel (consumers first, then producers) that has ONNX nodes."""
+                     members: set[int], onnx_tensors: set[str]) -> int | None:
+    """The group of the nearest kernel that has ONNX nodes: its producers first when it reads
+    a tensor of the toolchain's own (a reorder back from a blocked layout belongs to the
+    kernel that wrote that layout), else its consumers first (a reorder into one)."""
     readers: dict[str, list[int]] = {}
     writers: dict[str, list[int]] = {}
     for j, k in enumerate(kernels):
@@ -121,13 +123,15 @@ def _neighbour_group(i: int, kernels: Sequence[Kernel], gid_of: Sequence[int],
             readers.setdefault(t, []).append(j)
         for t in k.outputs:
             writers.setdefault(t, []).append(j)
+    producers_first = any(t not in onnx_tensors for t in kernels[i].inputs)
     seen = {i}
     frontier = [i]
     for _ in range(4):
         nxt: list[int] = []
         for j in frontier:
-            near = [c for t in kernels[j].outputs for c in readers.get(t, ())]
-            near += [p for t in kernels[j].inputs for p in writers.get(t, ())]
+            after = [c for t in kernels[j].outputs for c in readers.get(t, ())]
+            before = [p for t in kernels[j].inputs for p in writers.get(t, ())]
+            near = before + after if producers_first else after + before
             for c in near:
                 if c in seen:
                     continue
@@ -156,12 +160,13 @@ def kernel_groups(topo: OnnxTopology, kernels: Sequence[Kernel]
             _walk_back(topo, k, i, group_of)
     attach_unassigned(topo, group_of)
     members = set(group_of.values())
+    onnx_tensors = set(topo.producer) | {t for ins in topo.inputs.values() for t in ins}
     seconds: dict[int, float] = {}
     unattributed = 0.0
     for i, k in enumerate(kernels):
         g: int | None = gid_of[i]
         if g not in members:
-            g = _neighbour_group(i, kernels, gid_of, members)
+            g = _neighbour_group(i, kernels, gid_of, members, onnx_tensors)
         if g is None:
             unattributed += k.seconds
         else:
