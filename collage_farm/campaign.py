@@ -402,6 +402,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             if writer is not None:  # offline reuse of this table writes the same plan
                 _record_decision(writer, graph, opts, result, post)
         decision: PlanDecision | None = None
+        searched = result  # the Dijkstra plan, before a recorded decision replaces it
         if est.kind is EstimatorKind.TABLE and table is not None:
             result, decision = _reuse_decision(graph, opts, CostTable(table), est, transition,
                                                result)
@@ -409,7 +410,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         stats = est.stats()
         if own:
             est.close()  # closes the writer it opened
-    dijkstra = result
+    dijkstra = searched
     if post is not None:
         result = post.result
     plan = make_plan(graph, result, opts.targets, estimator=est.label,
