@@ -21,11 +21,25 @@ single toolchain beyond noise, else that toolchain's whole model is (never worse
 offline campaigns skip this and say so. Every campaign writes ``report.html`` beside the plan
 unless told not to.
 
+How candidates get costs is ``TuneOptions.measure`` (`estimators.profiled.MeasureStrategy`):
+``profile`` (the default) profiles each target's whole model once per operator, in network
+(`collage_farm.probes.profiles`), answers candidates from those profiles
+(`estimators.profiled.ProfiledEstimator`) and measures in isolation only the uncertain
+candidates on the best plans (`collage_farm.postsearch.screen`) before the confirmation step;
+a target whose profile fails or is rejected falls back to isolated measurement, with one
+warning line in the summary. ``exhaustive`` measures every candidate the search asks for in
+isolation (the behaviour before profiles). Profile mode applies to the estimator the campaign
+builds; a caller's own estimator is used as is.
+
 The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
 keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
 ``search_s`` and the campaign statistics; measured campaigns add ``plan_measured_s``,
 ``best_single_target``, ``best_single_measured_s``, ``speedup_vs_best_single``,
-``additive_error`` and the other figures of `post_search`.
+``additive_error`` and the other figures of `post_search`. ``measure_mode`` is the cache mode
+candidates are timed in (``network``, ``warm``, ``flush``); ``measure`` is how costs were got
+(``profile`` | ``exhaustive``), ``profiled`` the profile runs sent to the farm now (beside
+``measured``, the candidates measured in isolation), ``profile`` per target what the profiles
+were and ``warnings``, ``screen`` what the screening measured.
 """
 
 from __future__ import annotations

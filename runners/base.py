@@ -94,6 +94,8 @@ class MeasureConfig:
     (repeated runs, everything the candidate touched is still cached), ``flush`` (every cache
     evicted before each run) or ``network`` (what the rest of the network touches is evicted,
     then the candidate's inputs are read back, as if its producer had just written them).
+    ``profile`` (`PROFILE_MODE`) is not a cache state but a profile request of a whole model
+    (`runners.profile`): timed warm, then profiled per operator.
 
     ``network_bytes`` (``network`` mode) is how many bytes the *rest of the network* touches
     between two runs of this candidate: the model's weights and activations minus the

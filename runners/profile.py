@@ -35,7 +35,7 @@ import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runners.base import (
     PROFILE_MODE,
@@ -46,10 +46,8 @@ from runners.base import (
     MeasureResult,
     Status,
     Summary,
+    Toolchain,
 )
-
-if TYPE_CHECKING:
-    from runners.base import Toolchain
 
 __all__ = ["PROFILE_DETAIL", "PROFILE_PREFIX", "OnnxTopology", "OperatorProfile",
            "ProfileMethod", "Profiler", "attach_unassigned", "profile_config",
