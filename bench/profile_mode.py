@@ -14,7 +14,7 @@ interleaved end-to-end latency), and the additive error of the campaign's Dijkst
 against the Dijkstra plan measured end to end by the campaign itself. A Markdown table goes to
 ``--out`` (default: stdout only) with the machine it ran on.
 
-    PYTHONPATH=. RAY_AUTH_MODE=disabled python3 bench/profile_mode.py --num-cpus 2 \\
+    PYTHONPATH=. RAY_AUTH_MODE=disabled python3 -m bench.profile_mode --num-cpus 2 \\
         --out bench/results/profile-mode-vm.md
 """
 

@@ -190,3 +190,12 @@ def test_measure_config_profile_mode_round_trips() -> None:
     cfg = profile_config(rounds=3, runs=7)
     assert MeasureConfig.from_json(cfg.to_json()) == cfg and cfg.measure_mode == "profile"
     assert Cost(1.0).seconds == 1.0
+
+
+def test_tune_refuses_an_unknown_measure_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    from collage_farm.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "zoo:mnist", "--mock", "--measure", "everything"])
+    assert e.value.code == 2
+    assert "--measure: invalid choice: 'everything'" in capsys.readouterr().err
