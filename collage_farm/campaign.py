@@ -24,11 +24,25 @@ single toolchain beyond noise, else that toolchain's whole model is (never worse
 offline campaigns skip this and say so. Every campaign writes ``report.html`` beside the plan
 unless told not to.
 
+How candidates get costs is ``TuneOptions.measure`` (`estimators.profiled.MeasureStrategy`):
+``profile`` (the default) profiles each target's whole model once per operator, in network
+(`collage_farm.probes.profiles`), answers candidates from those profiles
+(`estimators.profiled.ProfiledEstimator`) and measures in isolation only the uncertain
+candidates on the best plans (`collage_farm.postsearch.screen`) before the confirmation step;
+a target whose profile fails or is rejected falls back to isolated measurement, with one
+warning line in the summary. ``exhaustive`` measures every candidate the search asks for in
+isolation (the behaviour before profiles). Profile mode applies to the estimator the campaign
+builds; a caller's own estimator is used as is.
+
 The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
 keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
 ``search_s`` and the campaign statistics; measured campaigns add ``plan_measured_s``,
 ``best_single_target``, ``best_single_measured_s``, ``speedup_vs_best_single``,
-``additive_error`` and the other figures of `post_search`.
+``additive_error`` and the other figures of `post_search`. ``measure_mode`` is the cache mode
+candidates are timed in (``network``, ``warm``, ``flush``); ``measure`` is how costs were got
+(``profile`` | ``exhaustive``), ``profiled`` the profile runs sent to the farm now (beside
+``measured``, the candidates measured in isolation), ``profile`` per target what the profiles
+were and ``warnings``, ``screen`` what the screening measured.
 """
 
 from __future__ import annotations
@@ -66,8 +80,10 @@ from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
 from collage_farm.postsearch.moves import parts_from_names, to_search_result
+from collage_farm.postsearch.screen import screen
 from collage_farm.postsearch.vela_whole import baseline_candidates
 from collage_farm.probes.cutcost import cached_cut_costs
+from collage_farm.probes.profiles import collect_profiles
 from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
 from collage_farm.report.summary import story_keys
@@ -76,6 +92,13 @@ from estimators.base import CostEstimator
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
+from estimators.profiled import (
+    DEFAULT_TOLERANCE,
+    MeasureStrategy,
+    ProfiledEstimator,
+    ProfileRejected,
+    TargetProfile,
+)
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
@@ -120,6 +143,12 @@ class TuneOptions:
     cut_costs: bool = True  # measure this model's cut cost per target (collage_farm.probes.cutcost)
     confirm_rounds: int = 3  # re-measure the chosen path, re-search (`confirm`); 0 disables
     report: bool = True  # report.html + PNGs beside the plan
+    # how candidates get costs (`MeasureStrategy`): "profile" (in-network operator profiles,
+    # `estimators.profiled`) or "exhaustive" (every candidate measured in isolation)
+    # exhaustive until profile mode's plans and estimates match it (bench/profile_mode.py)
+    measure: str = MeasureStrategy.EXHAUSTIVE.value
+    profile_tolerance: float = DEFAULT_TOLERANCE  # profile sum vs whole model: else fall back
+    screen_rounds: int = 4  # plans whose uncertain candidates are measured (`screen`)
 
 
 def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -265,25 +294,58 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
 def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
                    transition: TransitionModel, table: Path | None = None,
                    campaign_id: str = "", measure: bool = True,
-                   writer: CostTableWriter | None = None
+                   writer: CostTableWriter | None = None, wholes: bool = False
                    ) -> tuple[TransitionModel, dict | None]:
     """``transition`` plus this model's measured cut costs (`collage_farm.probes.cutcost`) when the
     campaign mixes two or more toolchains that run here; unchanged (and why) otherwise. With a
     cost ``table``, rows of an earlier probe on this host are reused; new ones are appended to
-    ``writer``."""
+    ``writer``. ``wholes``: also each target's same-toolchain cut cost (profile mode)."""
     live = [t for t in targets if t.toolchain not in SIMULATED_TOOLCHAINS]
     if len({t.toolchain for t in live}) < 2:
         return transition, None
     try:
         ct = CostTable(table) if table is not None and Path(table).is_dir() else None
         cc = cached_cut_costs(ct, graph, live, writer=writer, campaign_id=campaign_id,
-                              measure=measure)
+                              measure=measure, wholes=wholes)
         if cc is None:  # offline, and no earlier probe of this model in the table
             return transition, None
     except Exception as e:  # a broken probe must not cost the campaign: say so, go on
         log.warning("cut costs unavailable (%s: %s)", type(e).__name__, e)
         return transition, {"error": f"{type(e).__name__}: {e}"}
     return WithCutCosts(transition, cc.cuts), cc.to_json()
+
+
+def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimator,
+                       cut_info: dict | None) -> tuple[ProfiledEstimator, dict]:
+    """``est`` wrapped in a `ProfiledEstimator` over each target's profile of ``graph``
+    (`collage_farm.probes.profiles`: the cost table's rows, else profiled on the farm of a
+    measuring ``est``), and what happened: per target, the profile runs sent, and one warning
+    line per target whose costs fall back to ``est`` (no profile, or one rejected)."""
+    table = campaign_table(opts)
+    measuring = est.kind.measures
+    outcomes = collect_profiles(
+        graph, opts.targets, table=CostTable(table) if table is not None else None,
+        farm=getattr(est, "farm", None) if measuring else None,
+        store=getattr(est, "store", None) if measuring else None,
+        strictness=Strictness.parse(opts.strictness))
+    same = (cut_info or {}).get("same_cuts_s") or {}
+    profiles: dict[str, TargetProfile] = {}
+    warnings: list[str] = []
+    for tid, o in outcomes.items():
+        why = o.error
+        if o.profile is not None:
+            try:
+                profiles[tid] = TargetProfile.of(o.profile, cut_s=float(same.get(tid, 0.0)),
+                                                 tolerance=opts.profile_tolerance)
+            except ProfileRejected as e:
+                why = str(e)
+        if tid not in profiles:
+            warnings.append(f"warning: {tid}: no usable profile ({why}); its candidates are "
+                            "measured in isolation")
+    info = {"targets": {k: o.to_json() for k, o in outcomes.items()},
+            "profiled_targets": sorted(profiles), "runs": sum(o.ran for o in outcomes.values()),
+            "warnings": warnings, "same_cuts_s": same}
+    return ProfiledEstimator(profiles, est), info
 
 
 def _with_reasons(e: NoCoverError, candidates: Sequence[CandidatePartition],
@@ -342,16 +404,27 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
         cut_info: dict | None = None
+        # profile mode wraps the estimator the campaign built; a caller's own is used as is
+        profile_mode = (own and est.kind.reads_table
+                        and MeasureStrategy.parse(opts.measure) is MeasureStrategy.PROFILE)
         if opts.cut_costs and est.kind.reads_table:
             # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
             transition, cut_info = with_cut_costs(graph, opts.targets, transition,
                                                   table, campaign_id,
-                                                  measure=est.kind.measures, writer=writer)
+                                                  measure=est.kind.measures, writer=writer,
+                                                  wholes=profile_mode)
+        profile_info: dict | None = None
+        if profile_mode:
+            est, profile_info = profiled_estimator(opts, graph, est, cut_info)
         lazy = bool(opts.prune and est.has_lower_bound)
         try:
             result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
         except NoCoverError as e:
             raise _with_reasons(e, candidates, est) from None
+        screen_info: dict | None = None
+        if isinstance(est, ProfiledEstimator):
+            result, screen_info = screen(graph, candidates, est, transition, result,
+                                         rounds=opts.screen_rounds, lazy=lazy)
         first_estimate_s, first_search_s = result.total_s, result.search_s
         measured = est.kind.measures  # costs measured on runners, not mock/table/analytic
         confirm_info: dict | None = None
@@ -363,6 +436,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             if writer is not None:  # offline reuse of this table writes the same plan
                 _record_decision(writer, graph, opts, result, post)
         decision: PlanDecision | None = None
+        searched = result  # the Dijkstra plan, before a recorded decision replaces it
         if est.kind is EstimatorKind.TABLE and table is not None:
             result, decision = _reuse_decision(graph, opts, CostTable(table), est, transition,
                                                result)
@@ -371,7 +445,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         slots = farm_slots(est)
         if own:
             est.close()  # closes the writer it opened
-    dijkstra = result
+    dijkstra = searched
     if post is not None:
         result = post.result
     plan = make_plan(graph, result, opts.targets, estimator=est.label,
@@ -426,6 +500,13 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     }
     summary["confirm"] = confirm_info
     summary["slots"] = slots
+    # `measure_mode` above is the cache mode candidates are timed in (warm | flush | network);
+    # `measure` is how costs were obtained (profile | exhaustive), `profiled` the profile runs
+    summary["measure"] = (MeasureStrategy.PROFILE.value if profile_info is not None
+                          else MeasureStrategy.EXHAUSTIVE.value)
+    summary["profiled"] = (profile_info or {}).get("runs", 0)
+    summary["profile"] = profile_info
+    summary["screen"] = screen_info
     summary["first_search_estimated_s"] = first_estimate_s
     summary["dijkstra_estimated_s"] = dijkstra.total_s
     summary["dijkstra_partitions"] = len(dijkstra.partitions)

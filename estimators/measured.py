@@ -295,6 +295,19 @@ class FarmEstimator(CostEstimator):
     def is_confirmed(self, candidate: CandidatePartition) -> bool:
         return candidate.fingerprint in self._confirmed
 
+    def stored_confirmations(self, candidates: Sequence[CandidatePartition]) -> set[str]:
+        """Fingerprints whose store row (the row `estimate` would answer) is a confirmation;
+        none with ``reconfirm``. Looks up, measures nothing."""
+        first = {c.fingerprint: c for c in candidates}
+        if self.reconfirm or not first:
+            return set()
+        devices, versions = self._lookup_keys(first)
+        hits = self.store.lookup([(fp, c.target.measure_key) for fp, c in first.items()],
+                                 device=devices, toolchain_version=versions,
+                                 strictness=self.strictness, mode=self.config.measure_mode,
+                                 retry=self.retry)
+        return {fp for (fp, _k), row in hits.items() if row.ok and row.confirmed}
+
     def why_invalid(self, candidate: CandidatePartition) -> str | None:
         return self._why.get(candidate.fingerprint)
 

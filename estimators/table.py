@@ -175,6 +175,16 @@ class TableEstimator(CostEstimator):
     def why_invalid(self, candidate: CandidatePartition) -> str | None:
         return self._why.get(candidate.fingerprint)
 
+    def stored_confirmations(self, candidates: Sequence[CandidatePartition]) -> set[str]:
+        """Fingerprints whose table row (the row `estimate` would answer) is a confirmation."""
+        first = {c.fingerprint: c for c in candidates}
+        if not first:
+            return set()
+        hits = self.store.lookup([(fp, c.target.measure_key) for fp, c in first.items()],
+                                 device=self.device, toolchain_version=self.toolchain_version,
+                                 strictness=self.strictness, mode=self.mode)
+        return {fp for (fp, _k), row in hits.items() if row.ok and row.confirmed}
+
     def stats(self) -> EstimatorStats:
         n_an = sum(1 for s in self._source.values() if s == "analytic")
         n_tab = sum(1 for s in self._source.values() if s == "table")

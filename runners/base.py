@@ -28,6 +28,7 @@ from collage_farm.core.target import Target
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
+    from runners.profile import Profiler
     from runners.runtime import PartitionRuntime, RuntimeInput
 
 
@@ -53,10 +54,13 @@ class Kind(str, enum.Enum):
     MEASURED = "measured"  # wall-clock timing of real execution
     SIMULATED = "simulated"  # a simulator's estimate (Vela cycles / clock)
     ANALYTIC = "analytic"  # a formula (roofline bound, host model)
+    PROFILED = "profiled"  # a toolchain's in-network per-operator profile (runners.profile)
 
 
+#: the mode of a profile request (`runners.profile`): the whole model timed warm, then profiled
+PROFILE_MODE = "profile"
 #: measurement modes (see runners.measure); old names read as their new ones
-MEASURE_MODES = ("warm", "flush", "network")
+MEASURE_MODES = ("warm", "flush", "network", PROFILE_MODE)
 MODE_ALIASES = {"isolated": "warm", "cache_flush": "flush"}
 #: what a row written before modes existed was measured with
 LEGACY_MODE = "warm"
@@ -90,6 +94,8 @@ class MeasureConfig:
     (repeated runs, everything the candidate touched is still cached), ``flush`` (every cache
     evicted before each run) or ``network`` (what the rest of the network touches is evicted,
     then the candidate's inputs are read back, as if its producer had just written them).
+    ``profile`` (`PROFILE_MODE`) is not a cache state but a profile request of a whole model
+    (`runners.profile`): timed warm, then profiled per operator.
 
     ``network_bytes`` (``network`` mode) is how many bytes the *rest of the network* touches
     between two runs of this candidate: the model's weights and activations minus the
@@ -396,6 +402,12 @@ class Toolchain(abc.ABC):
 
     def device_description(self, target: Target) -> DeviceDescription:
         return DeviceDescription.host_cpu()
+
+    def profiler(self) -> Profiler | None:
+        """This toolchain's per-operator profiler (`runners.profile`), or None when it has
+        none (a profile request then fails, and the campaign measures its candidates in
+        isolation)."""
+        return None
 
     def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
         """A plan partition compiled for this toolchain, ready to run and bind in the plan

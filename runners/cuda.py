@@ -326,7 +326,12 @@ ORT_CUDA_KERNELS = {
 
 
 class OrtCudaToolchain(OrtCpuToolchain):
-    """ONNX Runtime, CUDA execution provider, IOBinding on the device."""
+    """ONNX Runtime, CUDA execution provider, IOBinding on the device.
+
+    Its per-operator profiler is ONNX Runtime's session trace with this EP
+    (`runners.profilers.OrtTraceProfiler`, inherited): a Node event times the kernel's launch
+    on the host, so a profile whose sum is far from the whole model falls back to isolated
+    measurement in the campaign."""
 
     name = "ort-cuda"
     device_kind = "cuda"

@@ -74,6 +74,8 @@ from runners.base import (
 )
 from runners.cpu import artifact_digest, classify_build_error, error_text, option_int, seed_of
 from runners.measure import flush_for, summarize, time_callable
+from runners.profile import Profiler
+from runners.profilers import PrefixProfiler
 from runners.runtime import PartitionRuntime, RuntimeInput, generic_runtime
 from runners.tflite import CONVERTER_REVISION, ConversionError, IOSpec, convert, convertible
 
@@ -280,6 +282,11 @@ class LiteRTToolchain(Toolchain):
             self._version = ("; ".join(parts) + "; xnnpack default delegate; tflite_convert fp32"
                              f" r{CONVERTER_REVISION}; cost = invoke + layout boundary")
         return self._version
+
+    def profiler(self) -> Profiler:
+        """The LiteRT interpreter exposes no per-operator timer to Python: differences of
+        prefixes cut at thin cuts (`runners.profilers.PrefixProfiler`)."""
+        return PrefixProfiler(self)
 
     def build(self, inp: BuildInput) -> BuildResult:
         t0 = time.perf_counter()

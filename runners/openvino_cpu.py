@@ -26,6 +26,8 @@ from collage_farm.core.target import CPU0
 from runners.base import Capabilities, Kind
 from runners.kernels import OPENVINO_OPS, OnnxOpTableCapabilities
 from runners.onnx_base import OnnxToolchainBase, Prepared, error_text
+from runners.profile import Profiler
+from runners.profilers import OpenVinoCountersProfiler
 from runners.runtime import PartitionRuntime, RuntimeInput
 
 if TYPE_CHECKING:
@@ -73,7 +75,16 @@ class OpenVinoToolchain(OnnxToolchainBase):
 
         return f"openvino {ov.__version__}"
 
-    def _compile(self, onnx_bytes: bytes, target: Target, threads: int) -> Any:
+    def profiler(self) -> Profiler:
+        """Per-layer performance counters (`runners.profilers.OpenVinoCountersProfiler`)."""
+        return OpenVinoCountersProfiler(self)
+
+    def compile_profiled(self, onnx_bytes: bytes, target: Target, threads: int) -> Any:
+        """The model compiled exactly as candidates are, with performance counters on."""
+        return self._compile(onnx_bytes, target, threads, perf_count=True).compiled
+
+    def _compile(self, onnx_bytes: bytes, target: Target, threads: int,
+                 perf_count: bool = False) -> Any:
         core = self._get_core()
         model = core.read_model(onnx_bytes)
         config = {
@@ -82,6 +93,8 @@ class OpenVinoToolchain(OnnxToolchainBase):
             "PERFORMANCE_HINT": "LATENCY",
             "NUM_STREAMS": 1,
         }
+        if perf_count:
+            config["PERF_COUNT"] = True
         compiled = core.compile_model(model, self.device, config)
         return _OvHandle(compiled, [o.get_any_name() for o in model.outputs],
                          [i.get_any_name() for i in model.inputs])

@@ -30,6 +30,8 @@ from collage_farm.core.target import CPU0, VirtualDevice
 from runners.base import Capabilities, Kind
 from runners.kernels import ORT_CPU_KERNELS, OnnxOpTableCapabilities
 from runners.onnx_base import OnnxToolchainBase, Prepared, option_bool
+from runners.profile import Profiler
+from runners.profilers import OrtTraceProfiler
 from runners.runtime import PartitionRuntime, RuntimeInput
 
 if TYPE_CHECKING:
@@ -135,6 +137,23 @@ class OrtCpuToolchain(OnnxToolchainBase):
 
     def _compile(self, onnx_bytes: bytes, target: Target, threads: int) -> Any:
         return ort_session(onnx_bytes, self._provider_list(target), threads)
+
+    def profiler(self) -> Profiler:
+        """ONNX Runtime session profiling (`runners.profilers.OrtTraceProfiler`)."""
+        return OrtTraceProfiler(self)
+
+    def profiling_session(self, onnx_bytes: bytes, target: Target, threads: int,
+                          trace_prefix: str, optimized_path: str) -> Any:
+        """A session configured exactly as candidates' (`session_options`, this target's
+        providers) with profiling on: its trace goes to ``trace_prefix``*, the optimised
+        model it runs to ``optimized_path``."""
+        import onnxruntime as ort
+
+        so = session_options(threads)
+        so.enable_profiling = True
+        so.profile_file_prefix = trace_prefix
+        so.optimized_model_filepath = optimized_path
+        return ort.InferenceSession(onnx_bytes, so, providers=self._provider_list(target))
 
     def _build_details(self, handle: Any) -> tuple[tuple[str, object], ...]:
         return (("providers", ",".join(handle.get_providers())),)

@@ -23,8 +23,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from runners import registry
-from runners.base import BuildInput, BuildResult, MeasureInput, MeasureResult, Status
+from runners.base import (
+    PROFILE_MODE,
+    BuildInput,
+    BuildResult,
+    MeasureInput,
+    MeasureResult,
+    Status,
+)
 from runners.measure import pin_to_cores
+from runners.profile import profile_measure
 
 __all__ = ["THREAD_ENV_VARS", "child_main"]
 
@@ -82,6 +90,9 @@ def child_main(conn: Any, toolchains: tuple[str, ...], cores: tuple[int, ...] | 
 #: the child's last build (artifact included), for ``measure_kept``; one slot is enough: the farm
 #: measures a candidate right after building it
 _KEPT: list[BuildResult] = []
+#: the ONNX model the kept build was made from (a profile request of a toolchain whose artifact
+#: is not ONNX, LiteRT's prefix profiler, cuts that model)
+_KEPT_SOURCE: list[bytes] = []
 
 
 def _handle(op: str, payload: Any, served: tuple[str, ...],
@@ -109,6 +120,7 @@ def _handle(op: str, payload: Any, served: tuple[str, ...],
     if op == "build_keep":  # build, keep the artifact here, send back everything else
         kept = _handle("build", payload, served, status)
         _KEPT[:] = [kept]
+        _KEPT_SOURCE[:] = [payload.onnx_bytes]
         return dataclasses.replace(kept, artifact=b"")
     if op == "measure_kept":
         fingerprint, target, config = payload
@@ -118,7 +130,8 @@ def _handle(op: str, payload: Any, served: tuple[str, ...],
                                         Status.RUNTIME_ERROR,
                                         "no kept build for this candidate in the worker "
                                         "(was it restarted?)", config)
-        return _handle("measure", MeasureInput(kept, config), served, status)
+        return _measure(MeasureInput(kept, config), served, status,
+                        source=_KEPT_SOURCE[0] if _KEPT_SOURCE else None)
     if op == "invoke":
         name, method, args, kwargs = payload
         why = _not_served(name, served, status)
@@ -149,8 +162,10 @@ def _build(inp: BuildInput, served: tuple[str, ...],
 
 
 def _measure(minp: MeasureInput, served: tuple[str, ...],
-             status: Mapping[str, str | None]) -> MeasureResult:
-    """The toolchain's measure (RUNTIME_ERROR for what goes wrong), device and version filled."""
+             status: Mapping[str, str | None], source: bytes | None = None) -> MeasureResult:
+    """The toolchain's measure (RUNTIME_ERROR for what goes wrong), device and version filled;
+    a profile request (`PROFILE_MODE`) goes to `runners.profile.profile_measure` instead, with
+    ``source``, the ONNX model the build was made from."""
     name = minp.target.toolchain
     why = _not_served(name, served, status)
     if why:
@@ -158,7 +173,10 @@ def _measure(minp: MeasureInput, served: tuple[str, ...],
     tc = registry.get_toolchain(name)
     t0 = time.perf_counter()
     try:
-        mres = tc.measure(minp)
+        if minp.config.mode == PROFILE_MODE:
+            mres = profile_measure(tc, minp, source)
+        else:
+            mres = tc.measure(minp)
     except Exception:
         return MeasureResult.failed(minp.build, Status.RUNTIME_ERROR,
                                     traceback.format_exc(limit=20), minp.config,

@@ -28,6 +28,7 @@ from collage_farm.core.target import (
 )
 from collage_farm.core.transition import TransitionModel
 from collage_farm.report.summary import story_text
+from estimators.profiled import MeasureStrategy
 
 __all__ = ["add_tune_parser", "print_summary", "run_tune"]
 
@@ -78,6 +79,13 @@ def _add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="cache state candidates are timed in (default network: what the rest "
                    "of the model touches is evicted before each run; with --offline: use "
                    "only rows taken in this mode)")
+    p.add_argument("--measure", choices=[m.value for m in MeasureStrategy],
+                   default=MeasureStrategy.EXHAUSTIVE.value,
+                   help="how candidates get costs: exhaustive (default: every candidate the "
+                   "search asks for measured in isolation) or profile (experimental: each "
+                   "target's whole model profiled per operator in network; only the uncertain "
+                   "candidates on the best plans, and the confirmation step, are measured in "
+                   "isolation)")
     p.add_argument("--no-cut-costs", action="store_true",
                    help="do not measure this model's cut cost per target (each chunk inside "
                    "chains of other toolchains vs its own) for the search's transitions")
@@ -194,6 +202,7 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
         report=not args.no_report,
         measure_mode=args.measure_mode or "",
         cut_costs=not args.no_cut_costs,
+        measure=args.measure,
         confirm_rounds=max(0, args.confirm_rounds),
         verify_extend_rounds=max(0, args.verify_extend_rounds),
     )
@@ -238,9 +247,16 @@ def print_summary(s: dict[str, Any]) -> None:
     for line in story_text(s):
         print(line)
     by = s.get("failed_by_status") or {}
+    if s.get("measure") == "profile":
+        scr = s.get("screen") or {}
+        print(f"costs from in-network profiles: {s.get('profiled', 0)} profile runs, "
+              f"{scr.get('measured', 0)} uncertain candidates on {scr.get('plans', 0)} best "
+              "plans measured in isolation")
     print(f"costs from {est}{warn}: {s['measured']} measured, {s['cache_hits']} cache hits, "
           f"{s['pruned']} pruned, {s['failed']} failed"
           + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(by.items()))})" if by else ""))
+    for line in (s.get("profile") or {}).get("warnings", ()):
+        print(line)
     if by.get("no_runner"):
         print(f"warning: {by['no_runner']} candidates had no runner on this cluster (a target "
               "whose device or toolchain no node offers: `collage-farm targets list --check`); "

@@ -107,6 +107,12 @@ class CostEstimator(abc.ABC):
         earlier campaign whose table row says so), so confirming it again adds nothing."""
         return False
 
+    def stored_confirmations(self, candidates: Sequence[CandidatePartition]) -> set[str]:
+        """The fingerprints among ``candidates`` whose stored cost (a cost table row) is a
+        confirmation (`remeasure`, in this or an earlier campaign), found without measuring
+        anything; empty for estimators with no store, or that ignore confirmations."""
+        return set()
+
     def why_invalid(self, candidate: CandidatePartition) -> str | None:
         """Why the candidate's cost is invalid (``"crashed: worker ... SIGSEGV"``), when this
         estimator knows (a failed measurement or table row); None otherwise. Used to say why

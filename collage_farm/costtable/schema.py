@@ -1,6 +1,6 @@
 """The cost-table schema: one row per measurement, the same columns in every part file.
 
-Schema (``schema_version`` 1; one row per measurement; nothing is pickled)
+Schema (``schema_version`` 2; one row per measurement; nothing is pickled)
 ---------------------------------------------------------------------------
 =================  =======================  ==================================================
 column             type                     meaning
@@ -15,7 +15,8 @@ device_kind        string                   ``cpu`` / ``cuda`` / ``ethos-u``
 measure_config     string (JSON)            ``MeasureConfig.to_json()``
 status             string                   ``Status`` value (``ok``, ``build_failed``, ...)
 error              string                   error text of a failed row, else empty
-kind               string                   ``measured`` / ``simulated`` / ``analytic``
+kind               string                   ``measured`` / ``simulated`` / ``analytic`` /
+                                            ``profiled``
 samples            list<double>             every kept sample, seconds
 median             double                   the cost (seconds); null for failed rows
 mean               double                   mean of samples
@@ -33,8 +34,14 @@ nodes              list<string>             node names the candidate covers
 op_types           list<string>             op types of those nodes
 created_at         timestamp[us, UTC]       when the row was made
 details            string (JSON)            toolchain extras (e.g. Vela cycles per op)
-schema_version     int32                    this schema's version (1)
+schema_version     int32                    the schema version the row was written with
 =================  =======================  ==================================================
+
+Versions: 1, the first; 2 adds rows of kind ``profiled`` (a toolchain's in-network operator
+profile of a whole model, `runners.profile`: fingerprint ``profile:...``, the unprofiled
+whole-model samples as samples, the profile as JSON in ``details``). The columns are the same,
+so version-1 tables read (and DuckDB queries them) unchanged, and a table may hold rows of
+both versions; readers that want candidate costs skip ``profiled`` rows by their fingerprint.
 
 `schema_markdown()` renders the same table as Markdown for the README. Every part file also
 carries, in its Parquet key-value metadata, the schema version (`SCHEMA_VERSION_KEY`) and, for a
@@ -47,7 +54,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Parquet key-value metadata key: JSON list of the file names a compacted file replaces.
 REPLACES_KEY = b"collage_farm.replaces"
 SCHEMA_VERSION_KEY = b"collage_farm.schema_version"
@@ -76,7 +83,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("measure_config", pa.string(), "string (JSON)", "`MeasureConfig.to_json()`"),
     Column("status", pa.string(), "string", "`Status` value: `ok`, `build_failed`, `timeout`, ..."),
     Column("error", pa.string(), "string", "error text of a failed row, else empty"),
-    Column("kind", pa.string(), "string", "`measured` / `simulated` / `analytic`"),
+    Column("kind", pa.string(), "string",
+           "`measured` / `simulated` / `analytic` / `profiled` (schema 2)"),
     Column("samples", pa.list_(pa.float64()), "list<double>", "every kept sample, seconds"),
     Column("median", pa.float64(), "double", "**the cost**, seconds; null for failed rows"),
     Column("mean", pa.float64(), "double", "mean of the samples"),

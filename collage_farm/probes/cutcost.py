@@ -67,11 +67,17 @@ class CutCosts:
     chain_s: dict[str, float] = field(default_factory=dict)  # chain label -> median seconds
     wall_s: float = 0.0
     cached: bool = False  # read back from the cost table, not measured now
+    #: target id -> seconds per cut between two partitions of that target (probed with
+    #: ``wholes``: the all-target chain against the whole model in one partition; else empty)
+    same_cuts: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
-                "skipped": list(self.skipped), "chain_s": dict(self.chain_s),
-                "wall_s": self.wall_s, "cached": self.cached}
+        out = {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
+               "skipped": list(self.skipped), "chain_s": dict(self.chain_s),
+               "wall_s": self.wall_s, "cached": self.cached}
+        if self.same_cuts:
+            out["same_cuts_s"] = dict(self.same_cuts)
+        return out
 
 
 def chunk_masks(graph: DataflowGraph, chunks: int) -> list[int]:
@@ -84,9 +90,12 @@ def chunk_masks(graph: DataflowGraph, chunks: int) -> list[int]:
 
 def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks: int = 6,
                       rounds: int = 5, runs_per_round: int = 4, builder: Any = None,
-                      time_budget_s: float = 120.0) -> CutCosts:
+                      time_budget_s: float = 120.0, wholes: bool = False) -> CutCosts:
     """Measure each target's cut cost for ``graph`` (module docstring). Never raises for a
-    chain that cannot be built or run: it is skipped and named in ``skipped``."""
+    chain that cannot be built or run: it is skipped and named in ``skipped``. With
+    ``wholes``, each target's whole model (one partition) runs in the same rounds too, and
+    ``same_cuts`` says what one cut between two partitions of a target costs:
+    (all-target chain - whole model) / (chunks - 1), floored at 0."""
     t0 = time.perf_counter()
     masks = chunk_masks(graph, chunks)
     targets = list(dict.fromkeys(targets))
@@ -94,6 +103,8 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
         return CutCosts({t.id: 0.0 for t in targets}, len(masks), 0)
     builder = builder or PlanBuilder(graph, threads=1)
     layouts: dict[str, list[Target]] = {t.id: [t] * len(masks) for t in targets}
+    if wholes:
+        layouts.update({f"{t.id}@whole": [t] for t in targets})
     for a in targets:
         for b in targets:
             if a.id != b.id:
@@ -105,7 +116,9 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
             skipped.append(f"{label}: a single-target chain failed")
             continue
         try:
-            ex = builder.executor([Part(m, t) for m, t in zip(masks, ts)])
+            parts = [Part(m, t) for m, t in zip(masks, ts)] if len(ts) == len(masks) \
+                else [Part(graph.all_mask, ts[0])]
+            ex = builder.executor(parts)
             ex.measure_in_chain(1, warmup=2)  # binds, warms, proves it runs
             chains[label] = ex
         except Exception as e:  # an op a target cannot run in some chunk, a build error
@@ -128,44 +141,55 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
            for label in chains}
     extra: dict[str, list[float]] = {t.id: [] for t in targets}
     for label, ts in layouts.items():
-        if "/" not in label or label not in med:
+        if "/" not in label or label not in med or len(ts) != len(masks):
             continue  # single-target chains are the reference; skipped chains have nothing
         for j in range(1, len(masks)):  # chunk j entered from chunk j-1's other toolchain
             extra[ts[j].id].append(med[label][j] - med[ts[j].id][j])
     cuts = {t: max(0.0, statistics.median(xs)) if xs else 0.0 for t, xs in extra.items()}
     chain_s = {label: statistics.median(xs) for label, xs in totals.items() if xs}
-    out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0)
+    same = {t.id: max(0.0, (chain_s[t.id] - chain_s[f"{t.id}@whole"]) / (len(masks) - 1))
+            for t in targets if t.id in chain_s and f"{t.id}@whole" in chain_s}
+    out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0,
+                   same_cuts=same)
     log.info("cut costs for %s: %s (%d chunks, %d rounds, %.1f s)", graph.name,
              {k: f"{v * 1e6:.0f} us" for k, v in cuts.items()}, len(masks), done, out.wall_s)
     return out
 
 
-def cut_fingerprint(graph: DataflowGraph, chunks: int) -> str:
-    """The cost-table fingerprint of a model's cut costs (structure, weights' shapes, chunks)."""
+def cut_fingerprint(graph: DataflowGraph, chunks: int, wholes: bool = False) -> str:
+    """The cost-table fingerprint of a model's cut costs (structure, weights' shapes, chunks);
+    a probe ``wholes`` (`measure_cut_costs`) has rows of its own, ending ``:w``."""
     whole = SubGraph(graph, graph.all_mask)
-    return f"{CUT_PREFIX}{whole.structural_hash[:24]}:{max(1, min(chunks, len(graph.nodes)))}"
+    fp = f"{CUT_PREFIX}{whole.structural_hash[:24]}:{max(1, min(chunks, len(graph.nodes)))}"
+    return fp + ":w" if wholes else fp
 
 
 def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Sequence[Target],
                      *, writer: CostTableWriter | None = None, chunks: int = 6,
-                     measure: bool = True, campaign_id: str = "", **probe: Any
-                     ) -> CutCosts | None:
+                     measure: bool = True, campaign_id: str = "", wholes: bool = False,
+                     **probe: Any) -> CutCosts | None:
     """This model's cut costs from ``table`` (this host's rows; None: no table to read), else
     measured (``measure``) and appended to ``writer`` (None: not written); None when neither.
-    ``probe``: `measure_cut_costs` options.
+    ``wholes``: with same-target cut costs (`measure_cut_costs`; rows of their own, the
+    same-target cost in each row's details as ``same_cut_s``). ``probe``: `measure_cut_costs`
+    options.
     """
     targets = list(dict.fromkeys(targets))
-    fp = cut_fingerprint(graph, chunks)
+    fp = cut_fingerprint(graph, chunks, wholes)
     host = DeviceDescription.host_cpu()
     if table is not None:
         hits = table.lookup([(fp, t.measure_key) for t in targets], device=host.describe(),
                             strictness="device")
         if all((fp, t.measure_key) in hits and hits[fp, t.measure_key].ok for t in targets):
             cuts = {t.id: hits[fp, t.measure_key].seconds for t in targets}
-            return CutCosts(cuts, int(fp.rsplit(":", 1)[1]), 0, cached=True)
+            same = {t.id: float(hits[fp, t.measure_key].details_dict()["same_cut_s"])
+                    for t in targets
+                    if "same_cut_s" in hits[fp, t.measure_key].details_dict()}
+            return CutCosts(cuts, max(1, min(chunks, len(graph.nodes))), 0, cached=True,
+                            same_cuts=same)
     if not measure:
         return None
-    cc = measure_cut_costs(graph, targets, chunks=chunks, **probe)
+    cc = measure_cut_costs(graph, targets, chunks=chunks, wholes=wholes, **probe)
     if (cc.skipped and not cc.chain_s) or writer is None:
         return cc  # nothing ran (nothing to keep), or nowhere to keep it
     for t in targets:
@@ -176,7 +200,9 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
                             summary=Summary.of((v,)), kind=Kind.MEASURED, device=host,
                             toolchain_version=get_toolchain(t.toolchain).version(),
                             measure_s=cc.wall_s,
-                            details=(("chunks", cc.chunks), ("rounds", cc.rounds)))
+                            details=(("chunks", cc.chunks), ("rounds", cc.rounds),
+                                     *((("same_cut_s", cc.same_cuts[t.id]),)
+                                       if t.id in cc.same_cuts else ())))
         writer.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
                                       nodes=[], op_types=["cut"]))
     return cc

@@ -40,6 +40,7 @@ from collage_farm.core.target import BUILTIN_TARGETS
 from collage_farm.costtable import (
     NAMES,
     SCHEMA,
+    SCHEMA_VERSION,
     CostRow,
     CostTable,
     CostTableWarning,
@@ -144,7 +145,7 @@ def test_append_rejects_bad_rows(tmp_path: Path) -> None:
         w.append({"fingerprint": "x", "target_key": "k", "status": Status.OK})  # defaults
     (only,) = CostTable(tmp_path / "t").rows()
     assert only.status == "ok" and only.seconds == float("inf")  # ok without a median
-    assert only.schema_version == 1 and only.details == "{}"
+    assert only.schema_version == SCHEMA_VERSION == 2 and only.details == "{}"
 
 
 # ----------------------------------------------------------------------------------------

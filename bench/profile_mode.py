@@ -1,0 +1,108 @@
+"""Profile measure mode beside exhaustive mode: measurements, wall time, final plans.
+
+For each model (mnist, resnet18 at 64 px, gpt2 with 2 layers; ``--models`` to choose), targets
+``ort-cpu,openvino-cpu,litert-cpu`` (``--targets``), one embedded Ray farm:
+
+1. ``tune --measure exhaustive`` and ``tune --measure profile`` on fresh cost tables of their
+   own (so neither reuses the other's measurements), in that order;
+2. both final plans timed end to end in one interleaved run (A B A B ..., the executor's
+   ``timed_callable``), so the machine's drift hits both alike.
+
+Printed per model and mode: candidate measurements in isolation (``measured``), profile runs
+(``profiled``), measurements in all, campaign wall time, the final plan (what it is and its
+interleaved end-to-end latency), and the additive error of the campaign's Dijkstra estimate
+against the Dijkstra plan measured end to end by the campaign itself. A Markdown table goes to
+``--out`` (default: stdout only) with the machine it ran on.
+
+    PYTHONPATH=. RAY_AUTH_MODE=disabled python3 -m bench.profile_mode --num-cpus 2 \\
+        --out bench/results/profile-mode-vm.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from collage_farm import zoo
+from collage_farm.campaign import TuneOptions, run_tune
+from collage_farm.core.target import parse_targets
+from collage_farm.execute import PlanExecutor
+from collage_farm.execute.interleaved import measure_interleaved
+from runners.base import DeviceDescription, MeasureConfig
+
+MODELS = {"mnist": ("mnist", {}), "resnet18-64": ("resnet18", {"image_size": 64}),
+          "gpt2-2L": ("gpt2", {"layers": 2})}
+
+
+def campaign(model: str, targets: str, mode: str, work: Path, num_cpus: int | None
+             ) -> dict[str, Any]:
+    """One campaign in ``mode`` on a fresh table; its summary."""
+    opts = TuneOptions(model=model, targets=tuple(parse_targets(targets)), out=work / mode,
+                       cost_table=work / f"{mode}-costs", num_cpus=num_cpus, measure=mode,
+                       refine_trials=2, refine_time_s=60, verify_extend_rounds=0,
+                       report=False)
+    t0 = time.perf_counter()
+    s = run_tune(opts)
+    s["campaign_s"] = time.perf_counter() - t0
+    return s
+
+
+def interleaved(plans: dict[str, Path], rounds: int) -> dict[str, float]:
+    """Median end-to-end seconds of each plan directory, timed in one interleaved run."""
+    fns = {k: PlanExecutor(p).timed_callable() for k, p in plans.items()}
+    cfg = MeasureConfig(rounds=rounds, min_round_runs=5, min_round_s=0.05)
+    return {k: v.median for k, v in measure_interleaved(fns, cfg).items()}
+
+
+def row(label: str, mode: str, s: dict[str, Any], e2e: float) -> str:
+    measured = int(s.get("measured", 0))
+    profiled = int(s.get("profiled", 0))
+    err = s.get("additive_error")
+    warn = len((s.get("profile") or {}).get("warnings", []))
+    return (f"| {label} | {mode} | {s['candidates']} | {measured} | {profiled} | "
+            f"{measured + profiled} | {warn} | {s['campaign_s']:.0f} | {s.get('plan_is', '')} |"
+            f" {e2e * 1e3:.3f} | " + (f"{err:+.1%}" if err is not None else "n/a") + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--targets", default="ort-cpu,openvino-cpu,litert-cpu")
+    ap.add_argument("--num-cpus", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the plans")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    lines = [f"# profile vs exhaustive measure mode ({time.strftime('%Y-%m-%d %H:%M')})", "",
+             f"machine: {DeviceDescription.host_cpu().describe()}, {platform.platform()}; "
+             f"targets {args.targets}; Ray num_cpus {args.num_cpus}", "",
+             "| model | mode | candidates | measured (isolated) | profile runs | "
+             "measurements | profile fallbacks | campaign s | final plan | final plan e2e ms "
+             "(interleaved) | additive error (Dijkstra) |", "|---" * 11 + "|"]
+    print("\n".join(lines), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-profile") as d:
+        for label in args.models.split(","):
+            name, kw = MODELS[label]
+            work = Path(d) / label
+            work.mkdir(parents=True)
+            onnx.save(zoo.build(name, **kw), str(work / f"{label}.onnx"))
+            res = {m: campaign(str(work / f"{label}.onnx"), args.targets, m, work,
+                               args.num_cpus)
+                   for m in ("exhaustive", "profile")}
+            e2e = interleaved({m: work / m for m in res}, args.rounds)
+            for m, s in res.items():
+                lines.append(row(label, m, s, e2e[m]))
+                print(lines[-1], flush=True)
+                for w in (s.get("profile") or {}).get("warnings", []):
+                    print(f"  {label} {m}: {w}", flush=True)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Each target's in-network operator profile of a model: from the cost table, else profiled now.
+
+A profile run (`runners.profile`) is a farm measurement of the whole model whose
+`runners.base.MeasureConfig` mode is ``profile``: the runner's worker times the whole model
+unprofiled, then reads the toolchain's own per-operator profile, and the result is one row of
+kind ``profiled`` in the cost table, fingerprint ``profile:<whole-model structural hash>``, the
+`runners.profile.OperatorProfile` as JSON in its details. A later campaign on the same model and
+machine reads the row back instead of profiling again (so a re-run profiles nothing and
+searches the same costs); an offline campaign reads it under its strictness.
+
+Simulated toolchains (Vela) are not profiled: their isolated costs are deterministic
+simulations, cheap, and their per-operator cycles are already in each row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import Target
+from collage_farm.costtable import CostTable
+from collage_farm.execute import SIMULATED_TOOLCHAINS
+from estimators.sources import CostStore, MeasurementService, Strictness
+from runners.base import BuildInput, MeasureRequest, Status
+from runners.profile import PROFILE_DETAIL, PROFILE_PREFIX, OperatorProfile, profile_config
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProfileOutcome", "collect_profiles", "profile_fingerprint"]
+
+
+@dataclass(frozen=True)
+class ProfileOutcome:
+    """One target's profile of the model, or why there is none (``error``, one line).
+
+    ``cached``: read from the cost table; ``ran``: a profile request went to the farm now."""
+
+    target: str
+    profile: OperatorProfile | None = None
+    error: str = ""
+    cached: bool = False
+    ran: bool = False
+
+    def to_json(self) -> dict:
+        p = self.profile
+        return {"method": p.method.value if p else None, "ratio": p.ratio if p else None,
+                "whole_s": p.whole_s if p else None, "groups": len(p.groups) if p else 0,
+                "cached": self.cached, "error": self.error or None}
+
+
+def profile_fingerprint(graph: DataflowGraph) -> str:
+    """The cost-table fingerprint of a model's profile rows (structure and weights' shapes)."""
+    return f"{PROFILE_PREFIX}{SubGraph(graph, graph.all_mask).structural_hash[:24]}"
+
+
+def _from_row(target: Target, row: object) -> ProfileOutcome:
+    if not getattr(row, "ok", False):
+        return ProfileOutcome(target.id, error=f"profile run {getattr(row, 'status', '?')}: "
+                              f"{' '.join(str(getattr(row, 'error', '')).split())[:200]}",
+                              cached=True)
+    try:
+        prof = OperatorProfile.from_json(row.details_dict()[PROFILE_DETAIL])  # type: ignore[attr-defined]
+    except (KeyError, ValueError, TypeError) as e:
+        return ProfileOutcome(target.id, error=f"unreadable profile row ({type(e).__name__})",
+                              cached=True)
+    return ProfileOutcome(target.id, prof, cached=True)
+
+
+def _lookup(table: CostTable, fp: str, targets: Sequence[Target],
+            farm: MeasurementService | None, strictness: Strictness
+            ) -> dict[str, ProfileOutcome]:
+    devices: dict[str, str] = {}
+    versions: dict[str, str] = {}
+    for t in targets:
+        got = farm.describe(t) if farm is not None else None
+        if got is not None:
+            if got[0] is not None:
+                devices[t.measure_key] = got[0].describe()
+            if got[1]:
+                versions[t.measure_key] = got[1]
+    hits = table.lookup([(fp, t.measure_key) for t in targets], devices or None,
+                        versions or None, strictness)
+    return {t.id: _from_row(t, hits[fp, t.measure_key]) for t in targets
+            if (fp, t.measure_key) in hits}
+
+
+def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
+                     table: CostTable | None, farm: MeasurementService | None = None,
+                     store: CostStore | None = None,
+                     strictness: Strictness = Strictness.EXACT) -> dict[str, ProfileOutcome]:
+    """Every live target's profile of ``graph`` (module docstring), by target id.
+
+    Rows of ``table`` answer first (the device and toolchain version ``farm`` reports, under
+    ``strictness``); the rest are profiled on ``farm`` and recorded in ``store``, when both
+    are given, else they have none. Never raises for a profile run that fails: its outcome
+    carries the runner's error.
+    """
+    live = [t for t in dict.fromkeys(targets) if t.toolchain not in SIMULATED_TOOLCHAINS]
+    fp = profile_fingerprint(graph)
+    out: dict[str, ProfileOutcome] = {}
+    if table is not None and table.path.is_dir():
+        out.update(_lookup(table, fp, live, farm, strictness))
+    todo = [t for t in live if t.id not in out]
+    if not todo or farm is None or store is None:
+        for t in todo:
+            out[t.id] = ProfileOutcome(t.id, error="no profile row in the cost table")
+        return out
+    data = SubGraph(graph, graph.all_mask).extract(f"{graph.name}_whole").SerializeToString()
+    reqs = [MeasureRequest(BuildInput(fp, t, data, (), f"{graph.name}:profile:{t.id}"),
+                           profile_config()) for t in todo]
+    by_key: Mapping[str, Target] = {t.measure_key: t for t in todo}
+    for res in farm.measure(reqs):
+        t = by_key.get(res.target.measure_key)
+        if t is None:
+            continue
+        store.record(res, model=graph.name, nodes=(), op_types=("profile",))
+        if res.status is not Status.OK:
+            out[t.id] = ProfileOutcome(t.id, error=f"profile run {res.status.value}: "
+                                       f"{' '.join(res.error.split())[:200]}", ran=True)
+            continue
+        prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
+        out[t.id] = ProfileOutcome(t.id, prof, ran=True)
+    for t in todo:
+        out.setdefault(t.id, ProfileOutcome(t.id, error="the farm returned no profile",
+                                            ran=True))
+    store.flush()
+    log.info("profiles of %s: %s", graph.name,
+             {k: (f"{v.profile.ratio:.2f}" if v.profile else v.error) for k, v in out.items()})
+    return out

@@ -1,0 +1,201 @@
+"""Profile measure mode without Ray: kernel mapping, the estimator against hand-computed profile
+sums, real profiles of a small model, and the fallback when a profiler lies."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from collage_farm.campaign import TuneOptions, build_specs, load_source, profiled_estimator
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.cost import Cost
+from collage_farm.core.rules import RuleOptions, all_candidates
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import parse_targets
+from collage_farm.costtable import CostTableWriter, TableStore, row_from_result
+from collage_farm.probes.profiles import profile_fingerprint
+from estimators.analytic import AnalyticEstimator
+from estimators.profiled import ProfiledEstimator, ProfileRejected, TargetProfile
+from estimators.table import TableEstimator
+from runners.base import BuildInput, MeasureConfig, MeasureInput, Status
+from runners.ort import OrtCpuToolchain
+from runners.profile import (
+    PROFILE_DETAIL,
+    OnnxTopology,
+    OperatorProfile,
+    ProfileMethod,
+    profile_config,
+    profile_measure,
+)
+from runners.profilers import Kernel, OrtTraceProfiler, kernel_groups, thin_cuts
+
+ORT = parse_targets("ort-cpu")[0]
+
+
+@pytest.fixture(scope="module")
+def mnist():  # type: ignore[no-untyped-def]
+    graph = load_source("zoo:mnist")
+    data = SubGraph(graph, graph.all_mask).extract("mnist_whole").SerializeToString()
+    return graph, data
+
+
+def _hand_profile(graph) -> tuple[OperatorProfile, dict[str, float]]:  # type: ignore[no-untyped-def]
+    """A profile with one fused group (the first two nodes) and the rest one node each, the
+    i-th group taking (i + 1) * 10 us; whole model 10% faster than the profiled sum."""
+    names = [n.name for n in graph.nodes]
+    groups = [((names[0], names[1]), 10e-6)]
+    groups += [((n,), (i + 2) * 10e-6) for i, n in enumerate(names[2:])]
+    total = sum(s for _, s in groups)
+    prof = OperatorProfile(ProfileMethod.ORT_TRACE, tuple(groups), 0.0, 20, whole_s=total / 1.1)
+    per_node = {names[0]: 5e-6, names[1]: 5e-6}
+    per_node.update({n: s for (ns, s) in groups[1:] for n in ns})
+    return prof, per_node
+
+
+def test_estimator_matches_hand_computed_profile_sums(mnist) -> None:  # type: ignore[no-untyped-def]
+    graph, _ = mnist
+    prof, per_node = _hand_profile(graph)
+    tp = TargetProfile.of(prof, cut_s=3e-6)
+    assert tp.scale == pytest.approx(1 / 1.1)
+    cands = all_candidates(graph, build_specs([ORT], RuleOptions(max_depth=4)))
+    est = ProfiledEstimator({ORT.id: tp}, AnalyticEstimator())
+    costs = est.estimate(cands)
+    names = {n.name for n in graph.nodes}
+    first_two = {graph.nodes[0].name, graph.nodes[1].name}
+    seen_uncertain = seen_certain = 0
+    for c, cost in zip(cands, costs):
+        fed = any(t not in graph.graph_inputs for t in c.sub_graph.input_tensors)
+        want = sum(per_node[n] for n in c.node_names) / 1.1 + (3e-6 if fed else 0.0)
+        assert cost.seconds == pytest.approx(want, rel=1e-9), c.label()
+        splits = len(first_two & set(c.node_names)) == 1
+        assert est.uncertain(c) is splits
+        seen_uncertain += splits
+        seen_certain += not splits
+    assert seen_uncertain and seen_certain
+    whole = CandidatePartition(SubGraph(graph, graph.all_mask), ORT, rule="whole")
+    assert est.estimate([whole])[0].seconds == pytest.approx(prof.whole_s)  # the unprofiled run
+    assert set(tp.node_s) == names
+
+
+def test_uncertain_candidates_answer_isolated_costs_once_measured(mnist) -> None:  # type: ignore[no-untyped-def]
+    graph, _ = mnist
+    prof, _ = _hand_profile(graph)
+    iso = AnalyticEstimator()
+    est = ProfiledEstimator({ORT.id: TargetProfile.of(prof)}, iso)
+    cands = all_candidates(graph, build_specs([ORT], RuleOptions(max_depth=4)))
+    unc = [c for c in cands if est.uncertain(c)]
+    assert unc
+    c = unc[0]
+    before = est.estimate([c])[0]
+    est.measure_isolated([c])
+    assert est.measured_isolated(c) and not est.uncertain(c)
+    assert est.estimate([c])[0] == iso.estimate([c])[0] != before
+
+
+def test_profile_rejected_when_far_from_the_whole_model(mnist) -> None:  # type: ignore[no-untyped-def]
+    graph, _ = mnist
+    prof, _ = _hand_profile(graph)
+    with pytest.raises(ProfileRejected, match="more than 20% off"):
+        TargetProfile.of(dataclasses.replace(prof, whole_s=prof.profiled_total_s / 1.5))
+    with pytest.raises(ProfileRejected, match="on ONNX nodes"):
+        TargetProfile.of(dataclasses.replace(prof, unattributed_s=prof.profiled_total_s,
+                                             whole_s=2 * prof.profiled_total_s))
+    TargetProfile.of(dataclasses.replace(prof, whole_s=prof.profiled_total_s / 1.15))
+
+
+def test_kernel_groups_maps_fused_and_renamed_kernels_back() -> None:
+    from onnx import TensorProto, helper
+
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("ReduceMean", ["r"], ["m"], name="mean"),
+             helper.make_node("Sub", ["r", "m"], ["s"], name="sub"),
+             helper.make_node("Mul", ["s", "s"], ["y"], name="mul")]
+    g = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                          [vi("y", TensorProto.FLOAT, None)],
+                          [helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 1, 1], [1.0])])
+    topo = OnnxTopology.of(helper.make_model(g).SerializeToString())
+    kernels = [Kernel("relu_nchwc", 5e-6, ("relu",), ("x",), ("tok1",)),  # conv+relu, renamed
+               Kernel("ReorderOutput", 1e-6, (), ("tok1",), ("r",)),  # no node of its own
+               Kernel("LayerNormish", 3e-6, (), ("r",), ("y",))]  # new name, ONNX tensors
+    groups, unattributed = kernel_groups(topo, kernels)
+    assert dict(groups) == {("conv", "relu"): pytest.approx(6e-6),
+                            ("mean", "sub", "mul"): pytest.approx(3e-6)}
+    assert unattributed == 0
+    assert thin_cuts(topo, 3) and all(0 < p < len(topo.names) for p in thin_cuts(topo, 3))
+
+
+def test_real_ort_profile_accounts_for_every_node(mnist) -> None:  # type: ignore[no-untyped-def]
+    graph, data = mnist
+    tc = OrtCpuToolchain()
+    b = tc.build(BuildInput(profile_fingerprint(graph), ORT, data))
+    res = profile_measure(tc, MeasureInput(b, profile_config(rounds=2, runs=10)), data)
+    assert res.ok and res.kind.value == "profiled", res.error
+    prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
+    assert prof.method is ProfileMethod.ORT_TRACE and prof.whole_s == res.seconds
+    covered = [n for ns, _ in prof.groups for n in ns]
+    assert sorted(covered) == sorted(n.name for n in graph.nodes)  # each node once
+    assert any(len(ns) > 1 for ns, _ in prof.groups)  # ORT fuses (Conv+Relu at least)
+    assert prof.profiled_total_s > 0 and prof.unattributed_s == 0
+
+
+class _LyingProfiler(OrtTraceProfiler):
+    """A real ORT profile whose kernel times are reported 3x."""
+
+    def profile(self, build, onnx_bytes, config, runs):  # type: ignore[no-untyped-def]
+        p = super().profile(build, onnx_bytes, config, runs)
+        return dataclasses.replace(p, groups=tuple((n, 3 * s) for n, s in p.groups))
+
+
+class _LyingOrt(OrtCpuToolchain):
+    def profiler(self) -> OrtTraceProfiler:
+        return _LyingProfiler(self)
+
+
+def test_a_lying_profiler_makes_its_target_fall_back(mnist, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    graph, data = mnist
+    tc = _LyingOrt()
+    fp = profile_fingerprint(graph)
+    b = tc.build(BuildInput(fp, ORT, data))
+    res = profile_measure(tc, MeasureInput(b, profile_config(rounds=2, runs=10)), data)
+    assert res.ok
+    failed = dataclasses.replace(res, target=parse_targets("openvino-cpu")[0],
+                                 status=Status.RUNTIME_ERROR, samples=(), summary=None,
+                                 error="profiler openvino-counters failed: boom")
+    with CostTableWriter(tmp_path / "costs", background=False) as w:
+        for r in (res, failed):
+            w.append(row_from_result(r, campaign_id="c", model=graph.name, nodes=(),
+                                     op_types=("profile",)))
+    targets = tuple(parse_targets("ort-cpu,openvino-cpu"))
+    opts = TuneOptions(model="zoo:mnist", targets=targets, out=tmp_path / "out",
+                       estimator="offline", cost_table=tmp_path / "costs", strictness="any")
+    iso = TableEstimator(TableStore.existing(tmp_path / "costs"), strictness="any")
+    est, info = profiled_estimator(opts, graph, iso, None)
+    assert est.profiles == {} and info["runs"] == 0  # read back, nothing profiled now
+    assert len(info["warnings"]) == 2
+    lie, fail = sorted(info["warnings"])
+    assert lie.startswith("warning: openvino-cpu: no usable profile (profile run runtime_error")
+    assert "ort-cpu: no usable profile (ort-trace per-operator sum" in fail
+    assert "more than 20% off" in fail and "measured in isolation" in fail
+    whole = CandidatePartition(SubGraph(graph, graph.all_mask), ORT, rule="whole")
+    assert est.uncertain(whole) is False
+    with pytest.raises(Exception, match="not in the cost table"):
+        est.estimate([whole])  # answered by the isolated (table) estimator: no row, no cost
+
+
+def test_measure_config_profile_mode_round_trips() -> None:
+    cfg = profile_config(rounds=3, runs=7)
+    assert MeasureConfig.from_json(cfg.to_json()) == cfg and cfg.measure_mode == "profile"
+    assert Cost(1.0).seconds == 1.0
+
+
+def test_tune_refuses_an_unknown_measure_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    from collage_farm.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "zoo:mnist", "--mock", "--measure", "everything"])
+    assert e.value.code == 2
+    assert "--measure: invalid choice: 'everything'" in capsys.readouterr().err
