@@ -429,8 +429,11 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         measured = est.kind.measures  # costs measured on runners, not mock/table/analytic
         confirm_info: dict | None = None
         if measured and opts.confirm_rounds > 0:
-            result, confirm_info = confirm(graph, candidates, est, transition, result,
-                                           opts.targets, rounds=opts.confirm_rounds, lazy=lazy)
+            confirm_info = _already_decided(graph, opts, table, result)
+            if confirm_info is None:
+                result, confirm_info = confirm(graph, candidates, est, transition, result,
+                                               opts.targets, rounds=opts.confirm_rounds,
+                                               lazy=lazy)
         if measured and (opts.verify or opts.refine_trials > 0):
             post = post_search(post_search_options(opts), graph, result, est, transition)
             if writer is not None:  # offline reuse of this table writes the same plan
@@ -551,6 +554,29 @@ def _record_decision(writer: CostTableWriter, graph: DataflowGraph, opts: TuneOp
                        _search_parts(graph, post.result), str(post.info.get("plan_is", "")),
                        post.info, campaign_id=opts.campaign_id)
     record_decision(writer, row)
+
+
+def _already_decided(graph: DataflowGraph, opts: TuneOptions, table: Path | None,
+                     result: SearchResult) -> dict | None:
+    """The confirmation step's summary when an earlier campaign already confirmed this search
+    plan and decided on it end to end (its decision row is in the table): a re-run of a
+    finished campaign measures nothing, even where that campaign's confirmation ran out of
+    rounds before every candidate on the path was re-measured. None: confirm as usual
+    (no such decision, no table, or ``--reconfirm``)."""
+    if opts.reconfirm or table is None or not Path(table).is_dir():
+        return None
+    try:
+        decision = find_decision(CostTable(table), graph, opts.targets,
+                                 _search_parts(graph, result))
+    except Exception as e:  # an unreadable row: confirm as usual
+        log.warning("recorded plan decisions unreadable (%s: %s)", type(e).__name__, e)
+        return None
+    if decision is None:
+        return None
+    return {"remeasured": 0, "already_confirmed": len(result.partitions),
+            "stopped_by": "decided", "decided_by": decision.campaign_id,
+            "path_changed": False, "median_after_over_before": None, "wall_s": 0.0,
+            "search_s": 0.0, "log": []}
 
 
 def _reuse_decision(graph: DataflowGraph, opts: TuneOptions, table: CostTable,

@@ -272,6 +272,9 @@ def _history(s: Mapping[str, Any]) -> list[str]:
                        f"{plural(int(conf['remeasured']), 'candidate')} of its path")
     else:
         out.append(f"search: the Dijkstra plan, {d}, estimated {ms(final)}")
+    if conf.get("stopped_by") == "decided":
+        out.append(f"confirmation: not needed; campaign {conf.get('decided_by')} confirmed "
+                   "this plan's costs and measured it end to end (--reconfirm measures again)")
     dm = s.get("dijkstra_measured_s")
     if s.get("plan_is") == "dijkstra":
         out.append("the Dijkstra plan is the written plan")

@@ -35,7 +35,8 @@ def _tune(*argv: str) -> dict:
     return json.loads(buf.getvalue())
 
 
-def test_profile_mode_profiles_each_target_once_and_reuses_the_profiles(ray_cluster: Any, tmp_path: Path) -> None:
+def test_profile_mode_profiles_each_target_once_and_reuses_the_profiles(
+        ray_cluster: Any, tmp_path: Path) -> None:
     ex = _tune("--out", str(tmp_path / "ex"),
                "--cost-table", str(tmp_path / "ex_costs"))
     pr = _tune("--measure", "profile", "--out", str(tmp_path / "pr"), "--cost-table",
