@@ -57,10 +57,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collage_farm import zoo
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
-from collage_farm.core.graph import DataflowGraph, ModelError, load_graph
+from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.pins import PinSet, filter_candidates
 from collage_farm.core.plan import PlanError, make_plan, write_plan
 from collage_farm.core.rules import PartitionSpec, RuleOptions, all_candidates, default_spec
@@ -87,7 +86,7 @@ from collage_farm.probes.profiles import collect_profiles
 from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
 from collage_farm.report.summary import story_keys
-from collage_farm.zoo import packaged
+from collage_farm.zoo.source import load_source
 from estimators.base import CostEstimator
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
@@ -149,30 +148,6 @@ class TuneOptions:
     measure: str = MeasureStrategy.EXHAUSTIVE.value
     profile_tolerance: float = DEFAULT_TOLERANCE  # profile sum vs whole model: else fall back
     screen_rounds: int = 4  # plans whose uncertain candidates are measured (`screen`)
-
-
-def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
-                layers: int | None = None) -> DataflowGraph:
-    """A model path, ``zoo:NAME`` or ``pkg:NAME`` (`collage_farm.zoo.packaged`), loaded."""
-
-    if spec.startswith(packaged.PREFIX):
-        if layers is not None:
-            raise ModelError("--layers applies to zoo models only")
-        return packaged.load(spec[len(packaged.PREFIX):], shapes)
-    if spec.startswith("zoo:"):
-
-        name = spec[4:]
-        kw = {} if layers is None else {"layers": layers}
-        try:
-            model = zoo.build(name, **kw)
-        except KeyError as e:
-            raise ModelError(str(e.args[0]) if e.args else f"unknown zoo model {name!r}") from None
-        except ValueError as e:  # a depth the model has not, or out of range
-            raise ModelError(str(e)) from None
-        return load_graph(model, shapes, name=name)
-    if layers is not None:
-        raise ModelError("--layers applies to zoo models only")
-    return load_graph(spec, shapes)
 
 
 def campaign_table(opts: TuneOptions) -> Path | None:

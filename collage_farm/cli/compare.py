@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from collage_farm.campaign import build_specs, load_source, tensor_ranges_provider
+from collage_farm.campaign import build_specs, tensor_ranges_provider
 from collage_farm.cli.measure import add_measure_args, fmt_ms, measure_config
 from collage_farm.config import builtin_system_for
 from collage_farm.core.candidate import CandidatePartition
@@ -36,6 +36,7 @@ from collage_farm.costtable import CostTable, TableStore
 from collage_farm.execute import CompareResult, PlanExecutor, Single, compare_interleaved
 from collage_farm.postsearch.vela_whole import FIGURES, Board, ethos_u_board, vela_whole
 from collage_farm.report import plot_bars, plot_spread
+from collage_farm.zoo.source import load_source
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 

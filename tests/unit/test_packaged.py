@@ -19,7 +19,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from collage_farm.campaign import load_source
 from collage_farm.cli import main
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
@@ -31,6 +30,7 @@ from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import parse_targets
 from collage_farm.execute import PlanExecutor, reference_model
 from collage_farm.zoo import packaged
+from collage_farm.zoo.source import load_source
 from runners.registry import capabilities_for
 
 NAMES = packaged.names()
