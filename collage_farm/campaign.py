@@ -120,16 +120,19 @@ class TuneOptions:
     cut_costs: bool = True  # measure this model's cut cost per target (collage_farm.probes.cutcost)
     confirm_rounds: int = 3  # re-measure the chosen path, re-search (`confirm`); 0 disables
     report: bool = True  # report.html + PNGs beside the plan
+    inputs: Mapping[str, object] = field(default_factory=dict)  # fixed input values (--input)
 
 
 def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
-                layers: int | None = None) -> DataflowGraph:
-    """A model path, ``zoo:NAME`` or ``pkg:NAME`` (`collage_farm.zoo.packaged`), loaded."""
+                layers: int | None = None, inputs: Mapping[str, object] | None = None
+                ) -> DataflowGraph:
+    """A model path, ``zoo:NAME`` or ``pkg:NAME`` (`collage_farm.zoo.packaged`), loaded;
+    ``inputs`` fixes input values (`collage_farm.core.graph.load_graph`)."""
 
     if spec.startswith(packaged.PREFIX):
         if layers is not None:
             raise ModelError("--layers applies to zoo models only")
-        return packaged.load(spec[len(packaged.PREFIX):], shapes)
+        return packaged.load(spec[len(packaged.PREFIX):], shapes, inputs)
     if spec.startswith("zoo:"):
 
         name = spec[4:]
@@ -140,10 +143,10 @@ def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
             raise ModelError(str(e.args[0]) if e.args else f"unknown zoo model {name!r}") from None
         except ValueError as e:  # a depth the model has not, or out of range
             raise ModelError(str(e)) from None
-        return load_graph(model, shapes, name=name)
+        return load_graph(model, shapes, name=name, inputs=inputs)  # type: ignore[arg-type]
     if layers is not None:
         raise ModelError("--layers applies to zoo models only")
-    return load_graph(spec, shapes)
+    return load_graph(spec, shapes, inputs=inputs)  # type: ignore[arg-type]
 
 
 def campaign_table(opts: TuneOptions) -> Path | None:
@@ -321,7 +324,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     campaign_id = opts.campaign_id or uuid.uuid4().hex[:12]
     opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
-    graph = load_source(opts.model, opts.shapes, opts.layers)
+    graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
     t_loaded = time.perf_counter()
 
     specs = build_specs(opts.targets, opts.rule_options)

@@ -35,6 +35,7 @@ __all__ = [
     "copy_input_values",
     "feed_specs",
     "feeds_from_specs",
+    "fit_value",
     "input_values",
     "merge_specs",
     "parse_input_value",
@@ -259,18 +260,25 @@ def attach_input_values(model: onnx.ModelProto, values: Mapping[str, np.ndarray]
                              f"(inputs: {', '.join(inputs)})")
         info = static_info(vi)
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-        v = np.asarray(v)
-        if info is not None:
-            try:
-                np.broadcast_to(v, info.shape)
-            except ValueError:
-                raise ModelError(f"--input {name}: {v.size} value(s) do not fit its shape "
-                                 f"{'x'.join(map(str, info.shape)) or 'scalar'}") from None
-        if dtype.kind in "iub" and not np.all(np.equal(np.mod(v, 1), 0)):
-            raise ModelError(f"--input {name}: {dtype.name} input takes whole numbers, "
-                             f"not {v.tolist()}")
-        stored[name] = v.astype(dtype)
+        stored[name] = fit_value(name, None if info is None else info.shape, dtype, v)
     _store(model, stored)
+
+
+def fit_value(name: str, shape: Sequence[int] | None, dtype: np.dtype,
+              value: object) -> np.ndarray:
+    """``value`` as ``dtype``, checked to broadcast to ``shape`` (None: unknown) and, for an
+    integer or bool input, to be whole; `ModelError` naming the input otherwise."""
+    v = np.asarray(value)
+    if shape is not None:
+        try:
+            np.broadcast_to(v, tuple(shape))
+        except ValueError:
+            raise ModelError(f"--input {name}: {v.size} value(s) do not fit its shape "
+                             f"{'x'.join(map(str, shape)) or 'scalar'}") from None
+    if dtype.kind in "iub" and not np.all(np.equal(np.mod(v, 1), 0)):
+        raise ModelError(f"--input {name}: {dtype.name} input takes whole numbers, "
+                         f"not {v.tolist()}")
+    return v.astype(dtype)
 
 
 def _store(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> None:

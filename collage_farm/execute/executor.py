@@ -38,7 +38,14 @@ from typing import Any
 import numpy as np
 import onnx
 
-from collage_farm.core.feeds import FeedSpec, feed_specs, feeds_from_specs, merge_specs
+from collage_farm.core.feeds import (
+    FeedSpec,
+    attach_input_values,
+    feed_specs,
+    feeds_from_specs,
+    fit_value,
+    merge_specs,
+)
 from collage_farm.core.plan import Plan, PlanError, load_plan
 from collage_farm.core.target import get_target
 from collage_farm.execute.numerics import (
@@ -148,6 +155,11 @@ class PlanExecutor:
         except Exception as e:
             raise PlanError(f"plan {self.plan_dir}: its graph inputs are not read by its "
                             f"partition files ({type(e).__name__}: {str(e)[:200]})") from None
+        for name, v in self.input_values.items():  # each fits its input: ModelError if not
+            spec = self._input_specs.get(name)
+            if spec is not None:
+                self.input_values[name] = fit_value(
+                    name, self.shapes.get(name, spec.shape), spec.dtype, v)
         self._buffers: dict[str, Any] | None = None
         self._shapes_bound: dict[str, tuple[int, ...]] = {}
         self._keep: list[Any] = []
@@ -257,7 +269,17 @@ class PlanExecutor:
         return _target_options(self.plan, target_id)
 
     def reference(self) -> onnx.ModelProto:
-        return reference_model(self.plan, self.model_arg, self.plan_dir, self.shapes)
+        """The original model, holding the feeds' fixed input values (so whole-model runs of
+        it are fed as the plan is)."""
+        model = reference_model(self.plan, self.model_arg, self.plan_dir, self.shapes)
+        fixed = {n: s.value for n, s in self._input_specs.items() if s.value is not None}
+        fixed.update(self.input_values)
+        if not fixed:
+            return model
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        attach_input_values(copy, fixed)
+        return copy
 
     def check(self, feeds: Mapping[str, np.ndarray] | None = None,
               model: str | os.PathLike | onnx.ModelProto | None = None) -> dict[str, float]:
