@@ -86,6 +86,8 @@ def _quantize(fmt: str, seed: int, calibration_samples: int = 4) -> onnx.ModelPr
             qdq = fmt == "qdq"
             quantize_static(src, dst, _Reader(src_model),
                             quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator,
+                            # QDQ: around Conv and MatMul only; QOperator: every op it can
+                            op_types_to_quantize=["Conv", "MatMul"] if qdq else None,
                             activation_type=QuantType.QInt8 if qdq else QuantType.QUInt8,
                             weight_type=QuantType.QInt8)
         model = onnx.load(dst)
