@@ -10,9 +10,12 @@ the real exports. Weights are scaled (He / Xavier-style, residual branches dampe
 activations stay finite and non-degenerate through deep nets: int8 calibration and numeric
 comparisons of partitioned vs whole models run on these models and need real signal.
 
-Every model is plain ONNX built with `onnx.helper` (IR version 10, opset 17, the default
-domain only), has static shapes, unique meaningful node names (``layer3/attn/qkv_matmul``) and
-loads with `collage_farm.core.graph.load_graph`.
+Every seeded topology is plain ONNX built with `onnx.helper` (IR version 10, opset 17, the
+default domain only), has static shapes, unique meaningful node names
+(``layer3/attn/qkv_matmul``) and loads with `collage_farm.core.graph.load_graph`. The models of
+`realclasses` (``qdq_mnist``, ``if_gate``, ``detector_fpn``, ...) stand for classes of real
+exports and keep their exporters' irregularities on purpose: other opsets and IR versions,
+quantization, sub-graphs, dynamic dimensions, unused domain imports.
 
 Public API: `names`, `build`, `describe`, `export`. `GraphBuilder` is the small helper the
 model modules share.

@@ -54,7 +54,7 @@ class RealClass:
 # --- quantized: ONNX Runtime's own tools on the zoo's mnist --------------------------------
 
 
-def _quantize(fmt: str, seed: int, calibration_samples: int = 4) -> onnx.ModelProto:
+def _quantize(fmt: str, seed: int, calibration_samples: int = 16) -> onnx.ModelProto:
     """mnist (seeded) through `onnxruntime.quantization`: ``qdq``, ``qoperator`` or ``dynamic``.
 
     The tools read and write files, so they work in a temporary directory; calibration reads
