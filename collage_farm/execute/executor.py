@@ -230,7 +230,7 @@ class PlanExecutor:
                 buffers[name] = ort.OrtValue.ortvalue_from_shape_and_type(
                     val.shape, val.dtype, "cuda", 0)
             else:
-                buffers[name] = np.ascontiguousarray(np.array(val, copy=True))
+                buffers[name] = np.array(val, copy=True, order="C")  # 0-d stays 0-d
         self._steps = []
         for rt in self.partitions:
             rt.step = rt.bind(buffers)  # the latest binding, for callers holding a runtime
