@@ -163,6 +163,16 @@ def _outcome(r: dict[str, Any]) -> str:
     return f"CRASHED: {r.get('crashed')}"
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def table(results: list[tuple[dict[str, Any], dict[str, Any]]], meta: list[str]) -> str:
     lines = ["# Real models and classes of real exports: tuned, run, verified (or refused)", "",
              *meta, "",
@@ -212,7 +222,7 @@ def main() -> int:
         results.append((r, row))
     host = socket.gethostname().split(".")[0]
     meta = [f"- date: {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
-            f"- host: {host}; cpu: {platform.processor() or platform.machine()}; cores: "
+            f"- host: {host}; cpu: {cpu_name()}; cores: "
             f"{os.cpu_count()}; python {platform.python_version()}",
             f"- load average before / after: {' '.join(f'{x:.2f}' for x in load0)} / "
             f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}",
