@@ -148,6 +148,7 @@ class TuneOptions:
     measure: str = MeasureStrategy.EXHAUSTIVE.value
     profile_tolerance: float = DEFAULT_TOLERANCE  # profile sum vs whole model: else fall back
     screen_rounds: int = 4  # plans whose uncertain candidates are measured (`screen`)
+    inputs: Mapping[str, object] = field(default_factory=dict)  # fixed input values (--input)
 
 
 def campaign_table(opts: TuneOptions) -> Path | None:
@@ -358,7 +359,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     campaign_id = opts.campaign_id or uuid.uuid4().hex[:12]
     opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
-    graph = load_source(opts.model, opts.shapes, opts.layers)
+    graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
     t_loaded = time.perf_counter()
 
     specs = build_specs(opts.targets, opts.rule_options)

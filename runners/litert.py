@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import statistics
 import sys
@@ -60,7 +61,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx
 
+from collage_farm.core.feeds import INT_HIGH, FeedSpec, feed_specs, feeds_from_specs
 from runners.base import (
     BuildInput,
     BuildResult,
@@ -194,8 +197,8 @@ def _write_inputs(handle: _Handle, feeds: Mapping[str, np.ndarray]) -> None:
     """ONNX-layout feeds -> the interpreter's input buffers (transposed in one copy)."""
     for s, acc in zip(handle.inputs, handle.in_access):
         x = np.asarray(feeds[s.name])
-        if s.dtype != "float32":
-            handle.interp.set_tensor(s.index, s.to_tflite(x))
+        if s.dtype != "float32" or not s.tflite_shape:  # a scalar has no writable view
+            handle.interp.set_tensor(s.index, s.to_tflite(x).reshape(s.tflite_shape))
             continue
         view = acc()  # a view of interpreter memory: must be gone before invoke()
         view[...] = x.reshape(s.onnx_shape).transpose(0, 2, 3, 1) if s.nhwc \
@@ -215,6 +218,19 @@ def _read_outputs(handle: _Handle) -> dict[str, np.ndarray]:
                                dtype=np.float32, copy=True, order="C")
         del view
     return out
+
+
+def _feed_overrides(onnx_bytes: bytes) -> tuple[tuple[str, int, int, object], ...]:
+    """The ONNX model's inputs whose feeds differ from plain draws (index ranges, fixed
+    values), as (name, low, high, value list or None): what `LiteRTToolchain.feeds` needs of
+    the ONNX model when it measures the TFLite artifact, possibly on another node."""
+    try:
+        specs = feed_specs(onnx.load_from_string(onnx_bytes), dynamic_as=1)
+    except Exception:  # the converter read it; plain draws are the fallback
+        return ()
+    return tuple((s.name, s.low, s.high, None if s.value is None else s.value.tolist())
+                 for s in specs.values() if (s.low, s.high) != (0, INT_HIGH)
+                 or s.value is not None)
 
 
 def _network_flush(handle: _Handle, config: MeasureConfig) -> Any:
@@ -303,6 +319,7 @@ class LiteRTToolchain(Toolchain):
             return BuildResult(inp.fingerprint, inp.target, classify_build_error(msg),
                                error=msg, build_s=time.perf_counter() - t0)
         data = converted.tflite
+        feeds_note = _feed_overrides(inp.onnx_bytes)
         threads = option_int(inp.target, "threads", 1)
         try:
             handle, _ = self.handle_for(inp.fingerprint, data, inp.target, threads)
@@ -314,7 +331,8 @@ class LiteRTToolchain(Toolchain):
             inp.fingerprint, inp.target, Status.OK, artifact=data,
             artifact_kind=self.artifact_kind, build_s=time.perf_counter() - t0,
             details=(*handle.details(), ("tflite_ops", len(converted.ops)),
-                     ("tflite_bytes", len(data))),
+                     ("tflite_bytes", len(data)),
+                     *((("feed_specs", feeds_note),) if feeds_note else ())),
         )
 
     def measure(self, inp: MeasureInput) -> MeasureResult:
@@ -336,7 +354,8 @@ class LiteRTToolchain(Toolchain):
             return MeasureResult.failed(build, classify_build_error(msg), msg, config,
                                         measure_s=time.perf_counter() - t0, **common)
         try:
-            feeds = self.feeds(handle, seed_of(build.fingerprint))
+            feeds = self.feeds(handle, seed_of(build.fingerprint),
+                               dict(build.details).get("feed_specs", ()))  # type: ignore[arg-type]
             boundary_s = self._bind_inputs(handle, feeds, config)
             handle.interp.invoke()  # first run after binding; the loop warms up on top
         except Exception as e:
@@ -384,17 +403,23 @@ class LiteRTToolchain(Toolchain):
         handle.interp.invoke()
         return _read_outputs(handle)
 
-    def feeds(self, handle: _Handle, seed: int) -> dict[str, np.ndarray]:
+    def feeds(self, handle: _Handle, seed: int,
+              overrides: tuple[tuple[str, int, int, object], ...] = ()
+              ) -> dict[str, np.ndarray]:
         """ONNX-layout feeds seeded like `collage_farm.core.graph.random_inputs` on the ONNX
-        model."""
-        rng = np.random.default_rng(seed)
-        out: dict[str, np.ndarray] = {}
+        model: its index ranges and fixed values (``overrides``, from `_feed_overrides` at
+        build time) apply."""
+        over = {name: (low, high, value) for name, low, high, value in overrides}
+        specs = []
         for s in handle.inputs:
-            if s.dtype in ("int32", "int64"):  # random_inputs: integers in [0, 4)
-                out[s.name] = rng.integers(0, 4, size=s.onnx_shape).astype(s.dtype)
-            else:
-                out[s.name] = rng.standard_normal(s.onnx_shape).astype(np.float32)
-        return out
+            dtype = np.dtype(s.dtype if s.dtype in ("int32", "int64") else np.float32)
+            spec = FeedSpec(s.name, tuple(s.onnx_shape), dtype)
+            if s.name in over:
+                low, high, value = over[s.name]
+                spec = dataclasses.replace(spec.bounded(low, high), value=(
+                    None if value is None else np.asarray(value)))
+            specs.append(spec)
+        return feeds_from_specs(specs, seed)
 
     def handle_for(self, fingerprint: str, data: bytes, target: Target, threads: int
                    ) -> tuple[_Handle, bool]:

@@ -210,7 +210,7 @@ class OnnxToolchainBase(Toolchain):
                                                     build.target, max(1, int(config.threads)))
         if feeds is None:
             feeds = feeds_for(build.artifact, seed_of(build.fingerprint))
-        feeds = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
+        feeds = {k: np.asarray(v, order="C") for k, v in feeds.items()}
         prepared = self._prepare(handle, feeds, build.target)
         prepared.details = (*prepared.details, ("handle_reused", reused))
         if not prepared.inputs:

@@ -116,7 +116,7 @@ class OpenVinoToolchain(OnnxToolchainBase):
         req = handle.compiled.create_infer_request()
         keep: list[object] = [req]
         for name, x in feeds.items():
-            arr = np.ascontiguousarray(x)
+            arr = np.asarray(x, order="C")  # not ascontiguousarray: it makes a 0-d input 1-d
             t = ov.Tensor(arr, shared_memory=True)
             keep += [arr, t]
             req.set_tensor(name, t)
@@ -149,7 +149,7 @@ class OpenVinoToolchain(OnnxToolchainBase):
         req = compiled.create_infer_request()
 
         def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            res = req.infer({n: np.ascontiguousarray(feeds[n]) for n in in_names})
+            res = req.infer({n: np.asarray(feeds[n], order="C") for n in in_names})
             return {port_names[i]: np.array(res[p], copy=True) for i, p in enumerate(out_ports)}
 
         def bind(buffers: dict[str, Any]) -> Callable[[], None]:

@@ -181,7 +181,7 @@ class OrtCpuToolchain(OnnxToolchainBase):
         io = sess.io_binding()
         keep: list[object] = [feeds]
         for name, x in feeds.items():
-            v = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x), device, dev_id)
+            v = ort.OrtValue.ortvalue_from_numpy(np.asarray(x, order="C"), device, dev_id)
             keep.append(v)
             io.bind_ortvalue_input(name, v)
         for name, out in zip(names, first):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from collage_farm.campaign import build_specs, tensor_ranges_provider
+from collage_farm.cli.inputs import add_input_arg, input_values
 from collage_farm.cli.measure import add_measure_args, fmt_ms, measure_config
 from collage_farm.config import builtin_system_for
 from collage_farm.core.candidate import CandidatePartition
@@ -60,13 +61,14 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--no-whole", action="store_true",
                    help="with --cost-table: only the per-sub-graph comparison (no timing run)")
     c.add_argument("--layers", type=int, help="layers for zoo transformer models")
+    add_input_arg(c)
     add_measure_args(c)
 
 
 def run_compare(args: argparse.Namespace) -> int:
     """``collage-farm compare``: always 0 once the model loads (failed targets are listed)."""
     shapes = dict(parse_shape(s) for s in args.shape)
-    graph = load_source(args.model, shapes, args.layers)
+    graph = load_source(args.model, shapes, args.layers, input_values(args))
     targets = parse_targets(args.targets)
     board = ethos_u_board(targets)
     if board is not None:
@@ -80,7 +82,8 @@ def run_compare(args: argparse.Namespace) -> int:
         spread = subgraph_spread(graph, targets, Path(args.cost_table), plan_parts)
     if spread is not None and args.no_whole:
         return _print_spread(graph.name, spread, args)
-    plan = PlanExecutor(args.plan, threads=args.threads, model=graph.model) if args.plan else None
+    plan = PlanExecutor(args.plan, threads=args.threads, model=graph.model,
+                        inputs=input_values(args)) if args.plan else None
     cmp = compare_interleaved(graph.model, singles, measure_config(args), plan=plan,
                               threads=args.threads)
     out = {"model": graph.name, "toolchains": [t.toolchain for t in targets],

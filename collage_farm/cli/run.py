@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from collage_farm.cli.inputs import add_input_arg, input_values
 from collage_farm.cli.measure import add_measure_args, fmt_ms, measure_config
 from collage_farm.core.graph import ModelError, parse_shape
 from collage_farm.core.plan import PlanError
@@ -40,6 +41,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="the original model (default: plan.json's source)")
     p.add_argument("--shape", action="append", default=[], metavar="INPUT=DxDx...",
                    help="input shape for the feeds, e.g. --shape input=1x3x224x224")
+    add_input_arg(p)
     p.add_argument("--no-singles", action="store_true",
                    help="do not measure the whole model on each single toolchain")
     p.add_argument("--report", action="store_true", help="write report.html into the plan dir")
@@ -48,11 +50,14 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
 
 def _executor(args: argparse.Namespace) -> PlanExecutor:
     shapes = dict(parse_shape(s) for s in args.shape)
-    ex = PlanExecutor(args.plan_dir, threads=args.threads, model=args.model, shapes=shapes)
-    unknown = sorted(set(shapes) - set(ex.plan.graph_inputs))
-    if unknown and ex.plan.graph_inputs:  # as tune: a typo must not pass silently
-        raise PlanError(f"--shape names {', '.join(map(repr, unknown))}, which is not an input "
-                        f"of the plan (inputs: {', '.join(ex.plan.graph_inputs)})")
+    inputs = input_values(args)
+    ex = PlanExecutor(args.plan_dir, threads=args.threads, model=args.model, shapes=shapes,
+                      inputs=inputs)
+    for flag, names in (("--shape", shapes), ("--input", inputs)):
+        unknown = sorted(set(names) - set(ex.plan.graph_inputs))
+        if unknown and ex.plan.graph_inputs:  # as tune: a typo must not pass silently
+            raise PlanError(f"{flag} names {', '.join(map(repr, unknown))}, which is not an "
+                            f"input of the plan (inputs: {', '.join(ex.plan.graph_inputs)})")
     return ex
 
 

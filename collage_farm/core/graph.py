@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from collage_farm.core.feeds import attach_input_values, random_feeds
 from collage_farm.core.folding import fold_constants, fold_shape_computations
 from collage_farm.core.modelprep import (
     bind_input_shapes,
@@ -49,7 +50,6 @@ from collage_farm.core.tensors import (
     TensorInfo,
     dtype_name,
     numel,
-    random_feeds,
 )
 
 __all__ = [
@@ -213,7 +213,8 @@ class DataflowGraph:
 
 def random_inputs(graph_or_model: DataflowGraph | onnx.ModelProto, seed: int = 0
                   ) -> dict[str, np.ndarray]:
-    """Seeded random feeds for a model's runtime inputs (small values, valid for indices)."""
+    """Seeded feeds for a model's runtime inputs: indices in range, fixed values as stored
+    (`collage_farm.core.feeds`)."""
     model = graph_or_model.model if isinstance(graph_or_model, DataflowGraph) else graph_or_model
     return random_feeds(model, seed)
 
@@ -256,10 +257,15 @@ def load_graph(
     source: str | os.PathLike | bytes | onnx.ModelProto,
     shapes: Mapping[str, Sequence[int]] | None = None,
     name: str | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
 ) -> DataflowGraph:
-    """Load an ONNX model into a `DataflowGraph`, raising `ModelError` for anything unusable."""
+    """Load an ONNX model into a `DataflowGraph`, raising `ModelError` for anything unusable.
+
+    ``shapes`` binds dynamic input dimensions; ``inputs`` fixes input values (every feed made
+    for the model, and for any model cut from it, uses them: `collage_farm.core.feeds`).
+    """
     try:
-        return _load_graph(source, shapes, name)
+        return _load_graph(source, shapes, name, inputs=inputs)
     except UnicodeDecodeError as e:  # protobuf parses bad UTF-8 in strings; reading them fails
         raise ModelError(f"model holds a name or string that is not valid UTF-8 ({e})") from None
 
@@ -270,6 +276,7 @@ def _load_graph(
     name: str | None,
     *,
     fold_rounds: int = 8,
+    inputs: Mapping[str, np.ndarray] | None = None,
 ) -> DataflowGraph:
     """`load_graph`'s steps, in the order their checks must run; recursive after folding."""
     model = onnx.ModelProto()
@@ -281,6 +288,7 @@ def _load_graph(
     _check_versions(model, name)
     clear_negative_dims(model)
     bind_inputs(model, shapes or {})
+    attach_input_values(model, inputs or {})
     fold_constants(model)
     g = model.graph
     if not g.node:

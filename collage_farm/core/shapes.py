@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 from onnx import helper, shape_inference
 
+from collage_farm.core.feeds import random_feeds
 from collage_farm.core.tensors import (
     MAX_IR_VERSION,
     ModelError,
     TensorInfo,
     numel,
-    random_feeds,
     static_info,
 )
 

@@ -24,6 +24,7 @@ from functools import cached_property
 import onnx
 from onnx import helper
 
+from collage_farm.core.feeds import copy_input_values
 from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, Node, numel
 
 
@@ -337,5 +338,6 @@ class SubGraph:
         m.opset_import.extend(src.opset_import)
         m.producer_name = "collage-farm"
         m.graph.CopyFrom(graph)
+        copy_input_values(src, m, self.input_tensors)  # fixed values travel with the inputs
         return m
 

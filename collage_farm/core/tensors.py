@@ -97,26 +97,3 @@ def static_info(vi: onnx.ValueInfoProto) -> TensorInfo | None:
             return None
         dims.append(d.dim_value)
     return TensorInfo(vi.name, tuple(dims), tt.elem_type)
-
-
-def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random feeds for a model's runtime inputs (small values, valid for indices)."""
-    rng = np.random.default_rng(seed)
-    init = {i.name for i in model.graph.initializer}
-    feeds = {}
-    for vi in model.graph.input:
-        if vi.name in init:
-            continue
-        info = static_info(vi)
-        if info is None:
-            raise ModelError(f"input {vi.name!r} has no static shape")
-        np_t = np.dtype(helper.tensor_dtype_to_np_dtype(info.elem_type))
-        if np_t.kind == "f":
-            feeds[vi.name] = rng.standard_normal(info.shape).astype(np_t)
-        elif np_t.kind in "iu":
-            feeds[vi.name] = rng.integers(0, 4, size=info.shape).astype(np_t)
-        elif np_t.kind == "b":
-            feeds[vi.name] = rng.integers(0, 2, size=info.shape).astype(bool)
-        else:
-            feeds[vi.name] = np.zeros(info.shape, dtype=np_t)
-    return feeds

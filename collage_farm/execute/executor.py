@@ -38,11 +38,20 @@ from typing import Any
 import numpy as np
 import onnx
 
+from collage_farm.core.feeds import (
+    FeedSpec,
+    attach_input_values,
+    feed_specs,
+    feeds_from_specs,
+    fit_value,
+    merge_specs,
+)
 from collage_farm.core.plan import Plan, PlanError, load_plan
 from collage_farm.core.target import get_target
 from collage_farm.execute.numerics import (
     compare_outputs,
     loosest,
+    quantized,
     reference_model,
     reference_outputs,
 )
@@ -104,13 +113,16 @@ class PlanExecutor:
     ``threads`` is the intra-op thread count of every session (1 by default, like candidates).
     ``model`` (path or ModelProto) is the original model for `check`; else plan.json's
     ``source`` (``zoo:NAME`` rebuilt with `collage_farm.zoo.build`, ``pkg:NAME`` from its pip
-    package, or a path).
+    package, or a path). ``inputs`` fixes input values of the feeds (over those the partition
+    files carry from the campaign).
     """
 
     def __init__(self, plan_dir: str | Path, *, threads: int = 1,
                  model: str | os.PathLike | onnx.ModelProto | None = None,
-                 shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+                 shapes: Mapping[str, Sequence[int]] | None = None,
+                 inputs: Mapping[str, np.ndarray] | None = None) -> None:
         self.plan_dir = Path(plan_dir)
+        self.input_values = dict(inputs or {})
         self.plan, self.files = load_plan(plan_dir)
         self.threads = threads
         self.model_arg = model
@@ -137,10 +149,17 @@ class PlanExecutor:
                 raise PlanError(f"partition {p.id}: {f.name} does not load on {tc} "
                                 f"({type(e).__name__}: {why[:300]})") from None
         try:
-            self._input_specs = _input_specs(self.files.values(), self.plan.graph_inputs)
+            models = [onnx.load(str(f), load_external_data=False) for f in self.files.values()]
+            self._input_specs = _specs_of(models, self.plan.graph_inputs)
+            self._quantized = any(quantized(m) for m in models)
         except Exception as e:
             raise PlanError(f"plan {self.plan_dir}: its graph inputs are not read by its "
                             f"partition files ({type(e).__name__}: {str(e)[:200]})") from None
+        for name, v in self.input_values.items():  # each fits its input: ModelError if not
+            spec = self._input_specs.get(name)
+            if spec is not None:
+                self.input_values[name] = fit_value(
+                    name, self.shapes.get(name, spec.shape), spec.dtype, v)
         self._buffers: dict[str, Any] | None = None
         self._shapes_bound: dict[str, tuple[int, ...]] = {}
         self._keep: list[Any] = []
@@ -163,8 +182,10 @@ class PlanExecutor:
         self.model_arg = (model_bytes if isinstance(model_bytes, onnx.ModelProto)
                           else onnx.load_from_string(model_bytes))
         self.shapes = {}
+        self.input_values = {}
         self.partitions = list(runtimes)
-        self._input_specs = _input_specs_model(self.model_arg, graph_inputs)
+        self._input_specs = _specs_of([self.model_arg], graph_inputs)
+        self._quantized = quantized(self.model_arg)
         self._buffers = None
         self._shapes_bound = {}
         self._keep = []
@@ -173,20 +194,12 @@ class PlanExecutor:
 
     # --- feeds and buffers -------------------------------------------------------------
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Seeded feeds for the graph inputs (same scheme as `graph.random_inputs`)."""
-        rng = np.random.default_rng(seed)
-        feeds = {}
-        for name, (shape, dtype) in self._input_specs.items():
-            shape = tuple(self.shapes.get(name, shape))
-            if dtype.kind == "f":
-                feeds[name] = rng.standard_normal(shape).astype(dtype)
-            elif dtype.kind in "iu":
-                feeds[name] = rng.integers(0, 4, size=shape).astype(dtype)
-            elif dtype.kind == "b":
-                feeds[name] = rng.integers(0, 2, size=shape).astype(bool)
-            else:
-                feeds[name] = np.zeros(shape, dtype=dtype)
-        return feeds
+        """Seeded feeds for the graph inputs (`collage_farm.core.feeds`, as
+        `graph.random_inputs`): indices in range, fixed values as the plan's files hold them,
+        overridden by ``inputs``."""
+        specs = [dataclasses.replace(s, value=self.input_values[n])
+                 if n in self.input_values else s for n, s in self._input_specs.items()]
+        return feeds_from_specs(specs, seed, self.shapes)
 
     def _bind(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
         shapes = {k: tuple(np.shape(v)) for k, v in feeds.items()}
@@ -217,7 +230,7 @@ class PlanExecutor:
                 buffers[name] = ort.OrtValue.ortvalue_from_shape_and_type(
                     val.shape, val.dtype, "cuda", 0)
             else:
-                buffers[name] = np.ascontiguousarray(np.array(val, copy=True))
+                buffers[name] = np.array(val, copy=True, order="C")  # 0-d stays 0-d
         self._steps = []
         for rt in self.partitions:
             rt.step = rt.bind(buffers)  # the latest binding, for callers holding a runtime
@@ -243,15 +256,30 @@ class PlanExecutor:
 
     @property
     def precision(self) -> str:
-        """The loosest arithmetic among the partitions: what the output check tolerates."""
-        return loosest([rt.precision for rt in self.partitions])
+        """The loosest arithmetic among the partitions: what the output check tolerates.
+
+        A model that quantizes itself (QDQ, dynamic quantization, QLinear operators) is held to
+        int8's: a cut or another toolchain moves a rounding step, by design of the model.
+        """
+        return loosest([rt.precision for rt in self.partitions]
+                       + (["int8"] if self._quantized else []))
 
     def target_options(self, target_id: str) -> dict[str, Any]:
         """The options the plan records for ``target_id`` (what its partitions were built with)."""
         return _target_options(self.plan, target_id)
 
     def reference(self) -> onnx.ModelProto:
-        return reference_model(self.plan, self.model_arg, self.plan_dir, self.shapes)
+        """The original model, holding the feeds' fixed input values (so whole-model runs of
+        it are fed as the plan is)."""
+        model = reference_model(self.plan, self.model_arg, self.plan_dir, self.shapes)
+        fixed = {n: s.value for n, s in self._input_specs.items() if s.value is not None}
+        fixed.update(self.input_values)
+        if not fixed:
+            return model
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        attach_input_values(copy, fixed)
+        return copy
 
     def check(self, feeds: Mapping[str, np.ndarray] | None = None,
               model: str | os.PathLike | onnx.ModelProto | None = None) -> dict[str, float]:
@@ -351,36 +379,7 @@ def _toolchain_of_target(plan: Plan, target_id: str) -> str:
     return get_target(target_id).toolchain
 
 
-def _vi_spec(vi: onnx.ValueInfoProto) -> tuple[tuple[int, ...], np.dtype] | None:
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        return None
+def _specs_of(models: Any, graph_inputs: Sequence[str]) -> dict[str, FeedSpec]:
     # a dynamic dim (no value, 0 or paddle2onnx's -1) gets 1 unless the caller binds it
-    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1
-            for d in tt.shape.dim]
-    return tuple(dims), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
-
-
-def _input_specs(files: Any, graph_inputs: Sequence[str]
-                 ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-    want = set(graph_inputs)
-    for f in files:
-        m = onnx.load(str(f), load_external_data=False)
-        for vi in m.graph.input:
-            if vi.name in want and vi.name not in specs:
-                s = _vi_spec(vi)
-                if s is not None:
-                    specs[vi.name] = s
-    return {n: specs[n] for n in graph_inputs if n in specs}
-
-
-def _input_specs_model(model: onnx.ModelProto, graph_inputs: Sequence[str]
-                       ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    out = {}
-    for vi in model.graph.input:
-        if vi.name in graph_inputs:
-            s = _vi_spec(vi)
-            if s is not None:
-                out[vi.name] = s
-    return out
+    merged = merge_specs(feed_specs(m, dynamic_as=1) for m in models)
+    return {n: merged[n] for n in graph_inputs if n in merged}

@@ -12,7 +12,8 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
   10% relative on a near-zero logit): rtol=1e-2, atol=1e-2 x max|ref|;
 - fp16 (TensorRT ``fp16``, OpenVINO ``precision: f16``): rtol=2e-2, atol=2e-2 x max|ref|;
 - bf16 (OpenVINO ``precision: bf16``): rtol=5e-2, atol=5e-2 x max|ref|;
-- int8 (Ethos-U via its int8 TFLite): rtol=0.1, atol=0.1 x max|ref|.
+- int8 (Ethos-U via its int8 TFLite, and any model that quantizes itself: `quantized`):
+  rtol=0.1, atol=0.1 x max|ref|.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "ExecutionMismatch",
     "compare_outputs",
     "loosest",
+    "quantized",
     "reference_model",
     "reference_outputs",
     "tolerance_label",
@@ -62,6 +64,21 @@ def loosest(precisions: Sequence[str]) -> str:
     """The loosest of ``precisions`` (fp32 when empty); unknown names count as fp16."""
     order = list(PRECISIONS)
     return max(precisions, key=lambda p: order.index(p) if p in order else 2, default="fp32")
+
+
+#: operators that round to integers inside a model (QDQ, dynamic quantization, QLinear*)
+QUANTIZING_OPS = frozenset({
+    "QuantizeLinear", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
+    "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearConcat",
+    "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearGlobalAveragePool",
+    "QLinearSoftmax", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM",
+})
+
+
+def quantized(model: onnx.ModelProto) -> bool:
+    """Whether the model quantizes inside itself (any of `QUANTIZING_OPS` at its top level):
+    running it cut, or on another toolchain, may round differently by one step."""
+    return any(n.op_type in QUANTIZING_OPS for n in model.graph.node)
 
 
 def tolerance_label(precision: str) -> str:

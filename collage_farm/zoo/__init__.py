@@ -10,9 +10,12 @@ the real exports. Weights are scaled (He / Xavier-style, residual branches dampe
 activations stay finite and non-degenerate through deep nets: int8 calibration and numeric
 comparisons of partitioned vs whole models run on these models and need real signal.
 
-Every model is plain ONNX built with `onnx.helper` (IR version 10, opset 17, the default
-domain only), has static shapes, unique meaningful node names (``layer3/attn/qkv_matmul``) and
-loads with `collage_farm.core.graph.load_graph`.
+Every seeded topology is plain ONNX built with `onnx.helper` (IR version 10, opset 17, the
+default domain only), has static shapes, unique meaningful node names
+(``layer3/attn/qkv_matmul``) and loads with `collage_farm.core.graph.load_graph`. The models of
+`realclasses` (``qdq_mnist``, ``if_gate``, ``detector_fpn``, ...) stand for classes of real
+exports and keep their exporters' irregularities on purpose: other opsets and IR versions,
+quantization, sub-graphs, dynamic dimensions, unused domain imports.
 
 Public API: `names`, `build`, `describe`, `export`. `GraphBuilder` is the small helper the
 model modules share.
@@ -207,6 +210,28 @@ _REGISTRY: dict[str, _Entry] = {
         "random_dag", "random_dag",
         "Random DAG of small float32 ops on [1, 8] tensors with fan-out, diamonds and several "
         "outputs (seed picks the graph; n_nodes default 24).", "number of nodes (n_nodes)"),
+    # classes of real exports (`realclasses`): other opsets and IR versions on purpose
+    **{name: _Entry("realclasses", name, summary, "") for name, summary in (
+        ("qdq_mnist", "mnist quantized by onnxruntime.quantization.quantize_static, QDQ "
+         "format (QuantizeLinear/DequantizeLinear around Conv and MatMul)."),
+        ("dynquant_mnist", "mnist through onnxruntime.quantization.quantize_dynamic "
+         "(DynamicQuantizeLinear, ConvInteger, MatMulInteger)."),
+        ("qlinear_mnist", "mnist quantized by quantize_static, QOperator format (QLinearConv, "
+         "QLinearMatMul, com.microsoft QLinearAdd)."),
+        ("if_gate", "If with two bodies reading outer-scope tensors, a body initializer; "
+         "opset 13, IR 7."),
+        ("loop_rnn", "Loop with loop-carried state and a scan output, outer-scope reads; "
+         "opset 11, IR 6."),
+        ("scan_cumsum", "Scan over the sequence axis with an outer-scope read; opset 16."),
+        ("lstm_tagger", "int64 token ids, embedding Gather, LSTM with initial_h/initial_c "
+         "inputs; opset 14."),
+        ("gru_speech", "GRU with an initial_h input and an int64 speaker id into a 2-row "
+         "table; opset 12."),
+        ("detector_fpn", "FPN detector head: Resize (computed sizes and scale 2), dynamic "
+         "height/width (--shape image=1x3xHxW), six outputs; opset 11..17."),
+        ("old_ir", "mnist at opset 12 saved as IR 6 (below what opset 12 needs)."),
+        ("unused_domains", "mnist importing four domains no node uses."),
+    )},
 }
 
 

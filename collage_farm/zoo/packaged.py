@@ -155,9 +155,12 @@ def input_shapes(name: str, shapes: Mapping[str, Sequence[int]] | None = None
     return merged
 
 
-def load(name: str, shapes: Mapping[str, Sequence[int]] | None = None) -> DataflowGraph:
-    """``pkg:NAME`` loaded into a graph; default shapes for inputs ``shapes`` does not name."""
-    return load_graph(locate(name), input_shapes(name, shapes), name=name)
+def load(name: str, shapes: Mapping[str, Sequence[int]] | None = None,
+         inputs: Mapping[str, object] | None = None) -> DataflowGraph:
+    """``pkg:NAME`` loaded into a graph; default shapes for inputs ``shapes`` does not name;
+    ``inputs`` fixes input values (`load_graph`)."""
+    return load_graph(locate(name), input_shapes(name, shapes), name=name,
+                      inputs=inputs)  # type: ignore[arg-type]
 
 
 def reference_model(name: str, shapes: Mapping[str, Sequence[int]] | None = None

@@ -12,12 +12,14 @@ __all__ = ["load_source"]
 
 
 def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
-                layers: int | None = None) -> DataflowGraph:
-    """A model path, ``zoo:NAME`` or ``pkg:NAME`` (`collage_farm.zoo.packaged`), loaded."""
+                layers: int | None = None, inputs: Mapping[str, object] | None = None
+                ) -> DataflowGraph:
+    """A model path, ``zoo:NAME`` or ``pkg:NAME`` (`collage_farm.zoo.packaged`), loaded;
+    ``inputs`` fixes input values (`collage_farm.core.graph.load_graph`)."""
     if spec.startswith(packaged.PREFIX):
         if layers is not None:
             raise ModelError("--layers applies to zoo models only")
-        return packaged.load(spec[len(packaged.PREFIX):], shapes)
+        return packaged.load(spec[len(packaged.PREFIX):], shapes, inputs)
     if spec.startswith("zoo:"):
         name = spec[4:]
         kw = {} if layers is None else {"layers": layers}
@@ -27,7 +29,7 @@ def load_source(spec: str, shapes: Mapping[str, Sequence[int]] | None = None,
             raise ModelError(str(e.args[0]) if e.args else f"unknown zoo model {name!r}") from None
         except ValueError as e:  # a depth the model has not, or out of range
             raise ModelError(str(e)) from None
-        return load_graph(model, shapes, name=name)
+        return load_graph(model, shapes, name=name, inputs=inputs)  # type: ignore[arg-type]
     if layers is not None:
         raise ModelError("--layers applies to zoo models only")
-    return load_graph(spec, shapes)
+    return load_graph(spec, shapes, inputs=inputs)  # type: ignore[arg-type]

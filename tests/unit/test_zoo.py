@@ -18,6 +18,7 @@ from collage_farm import zoo
 from collage_farm.core.graph import DataflowGraph, load_graph, random_inputs
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.zoo.random_dag import random_dag
+from collage_farm.zoo.realclasses import CLASSES
 
 TINY_TF = {"layers": 2, "width": 64, "heads": 2, "vocab": 100, "seq_len": 16}
 
@@ -71,7 +72,8 @@ def small_models() -> dict[str, onnx.ModelProto]:
 
 
 def test_names_and_describe():
-    assert zoo.names() == sorted(SMALL)
+    # the seeded topologies, and the classes of real exports (tests/unit/test_realclasses.py)
+    assert zoo.names() == sorted([*SMALL, *CLASSES])
     for name in zoo.names():
         text = zoo.describe(name)
         assert text.startswith(f"{name}: ") and "Options:" in text
