@@ -72,7 +72,6 @@ from collage_farm.costtable.decisions import (
     decision_row,
     find_decision,
     plan_parts,
-    record_decision,
 )
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.farm import Farm
@@ -162,7 +161,6 @@ def campaign_table(opts: TuneOptions) -> Path | None:
 
 def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[PartitionSpec]:
     """Phase 1: a rule tree per target from its toolchain's capabilities."""
-
     specs = []
     for t in targets:
         caps = capabilities_for(t.toolchain)
@@ -175,7 +173,6 @@ def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
     """Calibrated ranges (whole fp32 model, once) for targets that quantise."""
     if not any(t.toolchain in INT8_TOOLCHAINS for t in targets):
         return None
-
     ranges = calibrate(graph)
 
     def for_candidate(c: CandidatePartition) -> tuple:
@@ -231,8 +228,9 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
 def farm_slots(est: CostEstimator) -> dict | None:
     """The summary's ``slots``: the CPU runners the campaign's farm measured with and why
     (`collage_farm.farm.Farm.slots`); None when no farm measured."""
-    farm = getattr(est, "farm", None)
-    return farm.slots() if isinstance(farm, Farm) else None
+    if isinstance(est, FarmEstimator) and isinstance(est.farm, Farm):
+        return est.farm.slots()
+    return None
 
 
 def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
@@ -243,8 +241,9 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
     farm campaign that built its own estimator (``measure``) measures the missing transition
     rows on this machine first (`collage_farm.probes.transitions.measured_transition_model`)
     and appends them to ``writer``; an offline campaign reuses the table's rows; mock campaigns
-    keep the given model. Rows are those of the estimator's measure mode (`measure_mode`) when
-    it measures, else of the default mode.
+    keep the given model. Rows are those of the mode the campaign's candidates are timed in
+    (the estimator's `measure_mode`, else ``opts.measure_mode``, else `CANDIDATE_MODE`), so an
+    offline search reads the transitions the measuring campaign used.
     """
     fallback = opts.transition or AnalyticTransitionModel()
     table = campaign_table(opts)
@@ -298,11 +297,10 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     measuring ``est``), and what happened: per target, the profile runs sent, and one warning
     line per target whose costs fall back to ``est`` (no profile, or one rejected)."""
     table = campaign_table(opts)
-    measuring = est.kind.measures
+    farm_est = est if isinstance(est, FarmEstimator) else None  # the one that can profile
     outcomes = collect_profiles(
         graph, opts.targets, table=CostTable(table) if table is not None else None,
-        farm=getattr(est, "farm", None) if measuring else None,
-        store=getattr(est, "store", None) if measuring else None,
+        farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
         strictness=Strictness.parse(opts.strictness))
     same = (cut_info or {}).get("same_cuts_s") or {}
     profiles: dict[str, TargetProfile] = {}
@@ -343,7 +341,6 @@ def _with_reasons(e: NoCoverError, candidates: Sequence[CandidatePartition],
 def _check_out(out: Path) -> None:
     """``--out`` must be a directory or creatable as one (found after a campaign, it cost the
     campaign; the measured rows were safe in the table, the user's time was not)."""
-
     for p in (out, *out.parents):
         if p.exists():
             if not p.is_dir():
@@ -365,9 +362,9 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     specs = build_specs(opts.targets, opts.rule_options)
     candidates = all_candidates(graph, specs)
     # on an Ethos-U board, Vela's own partitioning is a plan the search can always fall back to
-    candidates += [c for c in baseline_candidates(graph, opts.targets) if c not in candidates]
+    have = set(candidates)
+    candidates += [c for c in baseline_candidates(graph, opts.targets) if c not in have]
     if opts.pins is not None:
-
         candidates = filter_candidates(candidates, opts.pins)
     t_cands = time.perf_counter()
     fingerprints = {c.fingerprint for c in candidates}
@@ -416,9 +413,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                 _record_decision(writer, graph, opts, result, post)
         decision: PlanDecision | None = None
         searched = result  # the Dijkstra plan, before a recorded decision replaces it
-        if est.kind is EstimatorKind.TABLE and table is not None:
-            result, decision = _reuse_decision(graph, opts, CostTable(table), est, transition,
-                                               result)
+        if est.kind is EstimatorKind.TABLE:
+            result, decision = _reuse_decision(graph, opts, table, est, transition, result)
     finally:
         stats = est.stats()
         slots = farm_slots(est)
@@ -508,7 +504,6 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     summary.update(story_keys(summary, result, dijkstra, len(graph.nodes)))
     if opts.report:
         try:
-
             summary["report"] = str(write_report(opts.out, summary,
                                                  post.measured if post else None))
         except Exception as e:  # a drawing problem must not lose the plan
@@ -525,11 +520,26 @@ def _search_parts(graph: DataflowGraph, result: SearchResult) -> tuple:
 def _record_decision(writer: CostTableWriter, graph: DataflowGraph, opts: TuneOptions,
                      searched: SearchResult, post: PostSearch) -> None:
     """Append the campaign's verified outcome for its search plan to its cost table
-    (`collage_farm.costtable.decisions`)."""
+    (`collage_farm.costtable.decisions`); an unverified plan records nothing."""
     row = decision_row(graph, opts.targets, _search_parts(graph, searched),
                        _search_parts(graph, post.result), str(post.info.get("plan_is", "")),
                        post.info, campaign_id=opts.campaign_id)
-    record_decision(writer, row)
+    if row is not None:
+        writer.append(row)
+
+
+def _find_decision(graph: DataflowGraph, opts: TuneOptions, table: Path | None,
+                   result: SearchResult) -> PlanDecision | None:
+    """The newest decision an earlier campaign recorded for this search plan, or None (no
+    table, none recorded, or rows that cannot be read: said, and the search goes on)."""
+    if table is None or not Path(table).is_dir():
+        return None
+    try:
+        return find_decision(CostTable(table), graph, opts.targets,
+                             _search_parts(graph, result))
+    except Exception as e:  # an unreadable row must not cost the search's own plan
+        log.warning("recorded plan decisions unreadable (%s: %s)", type(e).__name__, e)
+        return None
 
 
 def _already_decided(graph: DataflowGraph, opts: TuneOptions, table: Path | None,
@@ -538,15 +548,8 @@ def _already_decided(graph: DataflowGraph, opts: TuneOptions, table: Path | None
     plan and decided on it end to end (its decision row is in the table): a re-run of a
     finished campaign measures nothing, even where that campaign's confirmation ran out of
     rounds before every candidate on the path was re-measured. None: confirm as usual
-    (no such decision, no table, or ``--reconfirm``)."""
-    if opts.reconfirm or table is None or not Path(table).is_dir():
-        return None
-    try:
-        decision = find_decision(CostTable(table), graph, opts.targets,
-                                 _search_parts(graph, result))
-    except Exception as e:  # an unreadable row: confirm as usual
-        log.warning("recorded plan decisions unreadable (%s: %s)", type(e).__name__, e)
-        return None
+    (no such decision, or ``--reconfirm``)."""
+    decision = None if opts.reconfirm else _find_decision(graph, opts, table, result)
     if decision is None:
         return None
     return {"remeasured": 0, "already_confirmed": len(result.partitions),
@@ -555,16 +558,12 @@ def _already_decided(graph: DataflowGraph, opts: TuneOptions, table: Path | None
             "search_s": 0.0, "log": []}
 
 
-def _reuse_decision(graph: DataflowGraph, opts: TuneOptions, table: CostTable,
+def _reuse_decision(graph: DataflowGraph, opts: TuneOptions, table: Path | None,
                     est: CostEstimator, transition: TransitionModel, result: SearchResult
                     ) -> tuple[SearchResult, PlanDecision | None]:
     """Offline: the plan a measured campaign wrote for the search plan found now, if one is
     recorded in ``table``; else ``result`` unchanged."""
-    try:
-        decision = find_decision(table, graph, opts.targets, _search_parts(graph, result))
-    except Exception as e:  # an unreadable row must not cost the search's own plan
-        log.warning("recorded plan decisions unreadable (%s: %s)", type(e).__name__, e)
-        return result, None
+    decision = _find_decision(graph, opts, table, result)
     if decision is None:
         return result, None
     parts = parts_from_names(graph, decision.final, opts.targets)

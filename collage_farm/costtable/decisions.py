@@ -43,7 +43,6 @@ from collage_farm.core.subgraph import SubGraph, iter_bits
 from collage_farm.core.target import Target
 from collage_farm.costtable.reader import CostTable
 from collage_farm.costtable.rows import CostRow, normalize_row, to_json, utcnow
-from collage_farm.costtable.writer import CostTableWriter
 from runners.base import DeviceDescription, Kind, MeasureConfig, Status
 
 __all__ = ["DECISION_PREFIX", "PlanDecision", "decision_fingerprint", "decision_row",
@@ -127,14 +126,6 @@ def decision_row(graph: DataflowGraph, targets: Sequence[Target],
         "n": 1, "campaign_id": campaign_id, "model": graph.name, "nodes": [],
         "op_types": ["decision"], "created_at": utcnow(), "details": to_json(details),
     }, campaign_id=campaign_id)
-
-
-def record_decision(writer: CostTableWriter, row: Mapping[str, Any] | None) -> bool:
-    """Append a `decision_row` (None: nothing) to the campaign's writer."""
-    if row is None:
-        return False
-    writer.append(row)
-    return True
 
 
 def _parse(row: CostRow) -> PlanDecision | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
-from collage_farm.costtable import CostTable
+from collage_farm.costtable import CostRow, CostTable
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from estimators.sources import CostStore, MeasurementService, Strictness
 from runners.base import BuildInput, MeasureRequest, Status
@@ -56,13 +56,12 @@ def profile_fingerprint(graph: DataflowGraph) -> str:
     return f"{PROFILE_PREFIX}{SubGraph(graph, graph.all_mask).structural_hash[:24]}"
 
 
-def _from_row(target: Target, row: object) -> ProfileOutcome:
-    if not getattr(row, "ok", False):
-        return ProfileOutcome(target.id, error=f"profile run {getattr(row, 'status', '?')}: "
-                              f"{' '.join(str(getattr(row, 'error', '')).split())[:200]}",
-                              cached=True)
+def _from_row(target: Target, row: CostRow) -> ProfileOutcome:
+    if not row.ok:
+        return ProfileOutcome(target.id, error=f"profile run {row.status}: "
+                              f"{' '.join(str(row.error).split())[:200]}", cached=True)
     try:
-        prof = OperatorProfile.from_json(row.details_dict()[PROFILE_DETAIL])  # type: ignore[attr-defined]
+        prof = OperatorProfile.from_json(row.details_dict()[PROFILE_DETAIL])
     except (KeyError, ValueError, TypeError) as e:
         return ProfileOutcome(target.id, error=f"unreadable profile row ({type(e).__name__})",
                               cached=True)
