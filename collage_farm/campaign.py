@@ -48,6 +48,7 @@ were and ``warnings``, ``screen`` what the screening measured.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import os
@@ -108,6 +109,27 @@ log = logging.getLogger(__name__)
 DEFAULT_REFINE_TRIALS = 6
 
 
+class CostSource(str, enum.Enum):
+    """Where a campaign's candidate costs come from (`TuneOptions.estimator`).
+
+    ``FARM``: measured on the Ray farm (`collage_farm.farm.Farm`), recorded in the cost table.
+    ``LOCAL``: measured by the toolchains' own isolated runners in this process, no Ray (the
+    simulated Ethos-U boards, whose costs are deterministic), recorded in the cost table.
+    ``OFFLINE``: read from an existing cost table only; nothing is measured.
+    ``MOCK``: a deterministic analytic stand-in (`estimators.mock.MockEstimator`); no table.
+    """
+
+    FARM = "farm"
+    LOCAL = "local"
+    OFFLINE = "offline"
+    MOCK = "mock"
+
+    @property
+    def measures(self) -> bool:
+        """Whether candidates are measured (and recorded) now."""
+        return self in (CostSource.FARM, CostSource.LOCAL)
+
+
 @dataclass(frozen=True)
 class TuneOptions:
     model: str  # a path, zoo:NAME or pkg:NAME
@@ -115,7 +137,7 @@ class TuneOptions:
     out: Path
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     layers: int | None = None  # zoo models only
-    estimator: str = "farm"  # farm | local (no Ray: simulated boards) | offline | mock
+    estimator: CostSource = CostSource.FARM  # a `CostSource` or its value ("mock", ...)
     cost_table: Path | None = None
     address: str | None = None
     allow_analytic: bool = False
@@ -149,6 +171,13 @@ class TuneOptions:
     screen_rounds: int = 4  # plans whose uncertain candidates are measured (`screen`)
     inputs: Mapping[str, object] = field(default_factory=dict)  # fixed input values (--input)
 
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "estimator", CostSource(self.estimator))
+        except ValueError:
+            raise ValueError(f"unknown estimator {self.estimator!r} "
+                             f"({', '.join(m.value for m in CostSource)})") from None
+
 
 def campaign_table(opts: TuneOptions) -> Path | None:
     """The cost-table directory a campaign reads and writes: ``--cost-table``, else
@@ -156,7 +185,7 @@ def campaign_table(opts: TuneOptions) -> Path | None:
     none."""
     if opts.cost_table is not None:
         return Path(opts.cost_table)
-    return opts.out / "costs" if opts.estimator in ("farm", "local", "offline") else None
+    return opts.out / "costs" if opts.estimator is not CostSource.MOCK else None
 
 
 def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[PartitionSpec]:
@@ -191,22 +220,22 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
     table (its store's, closed with the estimator; the campaign appends its transition and
     cut-cost rows to it too). The writer is opened only once Ray is up, so a campaign refused
     before measuring leaves no table directory behind."""
-    if opts.estimator == "mock":
+    if opts.estimator is CostSource.MOCK:
         return MockEstimator(), None
-    if opts.estimator == "offline":
+    if opts.estimator is CostSource.OFFLINE:
         table = campaign_table(opts)
         assert table is not None
         return TableEstimator(TableStore.existing(table),
                               allow_analytic=opts.allow_analytic,
                               strictness=Strictness.parse(opts.strictness),
                               mode=opts.measure_mode or None), None
-    if opts.estimator in ("farm", "local"):
+    if opts.estimator.measures:
         table = campaign_table(opts)
         assert table is not None
         check_writable(table)  # before Ray starts: an unwritable table costs no measurements
         toolchains = sorted({t.toolchain for t in opts.targets})
         # local: the toolchains' own isolated runners, no Ray (deterministic simulated boards)
-        service = (LocalService(toolchains) if opts.estimator == "local" else
+        service = (LocalService(toolchains) if opts.estimator is CostSource.LOCAL else
                    Farm.start(opts.address, toolchains=toolchains, num_cpus=opts.num_cpus,
                               slots=opts.slots))
         store = TableStore(table, campaign_id=opts.campaign_id)
@@ -222,7 +251,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
             reconfirm=opts.reconfirm,
         )
         return est, store.writer
-    raise ValueError(f"unknown estimator {opts.estimator!r} (farm, local, offline, mock)")
+    raise AssertionError(f"unhandled cost source {opts.estimator!r}")
 
 
 def farm_slots(est: CostEstimator) -> dict | None:
@@ -247,7 +276,7 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
     """
     fallback = opts.transition or AnalyticTransitionModel()
     table = campaign_table(opts)
-    if opts.estimator == "mock" or table is None:
+    if opts.estimator is CostSource.MOCK or table is None:
         return fallback
     if not measure and not Path(table).is_dir():
         return fallback
@@ -257,7 +286,7 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
     try:
         return measured_transition_model(
             CostTable(table), opts.targets, writer=writer,
-            measure=measure and opts.estimator == "farm",
+            measure=measure and opts.estimator is CostSource.FARM,
             config=config, fallback=fallback, host=getattr(fallback, "host", None) or CPU0,
             campaign_id=opts.campaign_id)
     except Exception as e:  # a broken probe must not cost the campaign: say so, go on

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from collage_farm.campaign import DEFAULT_REFINE_TRIALS, TuneOptions
+from collage_farm.campaign import DEFAULT_REFINE_TRIALS, CostSource, TuneOptions
 from collage_farm.campaign import run_tune as run_campaign
 from collage_farm.cli.errors import UserError
 from collage_farm.cli.inputs import add_input_arg, input_values
@@ -185,7 +185,8 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
         shapes=shapes,
         inputs=input_values(args),
         layers=args.layers,
-        estimator="mock" if args.mock else "offline" if args.offline else "farm",
+        estimator=(CostSource.MOCK if args.mock else CostSource.OFFLINE if args.offline
+                   else CostSource.FARM),
         cost_table=Path(args.cost_table) if args.cost_table else None,
         address=args.address or os.environ.get("RAY_ADDRESS") or None,
         allow_analytic=args.allow_analytic,
@@ -215,7 +216,7 @@ def _check_runnable_here(opts: TuneOptions) -> None:
     """An embedded farm measures every target on this machine: a target whose toolchain
     cannot run here is refused before Ray starts, with the reason ``targets list --check``
     gives (a cluster joined with ``--address`` may have what this machine lacks)."""
-    if opts.estimator != "farm" or opts.address:
+    if opts.estimator is not CostSource.FARM or opts.address:
         return
     for tc in dict.fromkeys(t.toolchain for t in opts.targets):
         why = toolchain_unavailable(tc)

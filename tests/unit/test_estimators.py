@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from collage_farm.campaign import CostSource, TuneOptions
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from collage_farm.core.estimator import EstimatorKind
@@ -432,3 +433,14 @@ def test_table_store_answers_the_cost_store_contract(tmp_path: Path, tiny: Dataf
     assert shared.lookup([key])[key].confirmed is False  # the newest row is no confirmation
     with pytest.raises(ValueError, match="strictness must be one of"):
         store.lookup([key], strictness="fuzzy")
+
+
+def test_cost_source_is_an_enum_parsed_from_its_value(tmp_path: Path) -> None:
+    """`TuneOptions.estimator` is a `CostSource`: its value spelling is accepted, anything else
+    is refused with the spellings named."""
+    opts = TuneOptions(model="zoo:mnist", targets=(ORT,), out=tmp_path, estimator="mock")
+    assert opts.estimator is CostSource.MOCK and not opts.estimator.measures
+    assert TuneOptions(model="m", targets=(ORT,), out=tmp_path).estimator is CostSource.FARM
+    assert CostSource.LOCAL.measures and not CostSource.OFFLINE.measures
+    with pytest.raises(ValueError, match="farm, local, offline, mock"):
+        TuneOptions(model="m", targets=(ORT,), out=tmp_path, estimator="bogus")
