@@ -57,9 +57,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
-from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.graph import DataflowGraph, ModelError
 from collage_farm.core.pins import PinSet, filter_candidates
 from collage_farm.core.plan import PlanError, make_plan, write_plan
 from collage_farm.core.rules import PartitionSpec, RuleOptions, all_candidates, default_spec
@@ -73,7 +74,7 @@ from collage_farm.costtable.decisions import (
     find_decision,
     plan_parts,
 )
-from collage_farm.execute import SIMULATED_TOOLCHAINS
+from collage_farm.execute import CALIBRATION_KEY, SIMULATED_TOOLCHAINS
 from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
@@ -148,6 +149,8 @@ class TuneOptions:
     profile_tolerance: float = DEFAULT_TOLERANCE  # profile sum vs whole model: else fall back
     screen_rounds: int = 4  # plans whose uncertain candidates are measured (`screen`)
     inputs: Mapping[str, object] = field(default_factory=dict)  # fixed input values (--input)
+    # samples int8 builds are calibrated on (--calibration-data); None: seeded random
+    calibration: CalibrationData | None = None
 
 
 def campaign_table(opts: TuneOptions) -> Path | None:
@@ -168,12 +171,14 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
     return specs
 
 
-def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
+def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target],
+                           calibration: CalibrationData | None = None
                            ) -> Callable[[CandidatePartition], tuple] | None:
-    """Calibrated ranges (whole fp32 model, once) for targets that quantise."""
+    """Calibrated ranges (whole fp32 model, once, on ``calibration``'s samples: seeded random
+    by default) for targets that quantise."""
     if not any(t.toolchain in INT8_TOOLCHAINS for t in targets):
         return None
-    ranges = calibrate(graph)
+    ranges = calibrate(graph, data=calibration)
 
     def for_candidate(c: CandidatePartition) -> tuple:
         names: set[str] = set(c.sub_graph.input_tensors)
@@ -215,7 +220,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
             store,
             model=graph.name,
             measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
-            tensor_ranges_for=tensor_ranges_provider(graph, opts.targets),
+            tensor_ranges_for=tensor_ranges_provider(graph, opts.targets, opts.calibration),
             prune=opts.prune,
             strictness=Strictness.parse(opts.strictness),
             retry=RetryPolicy.ALL if opts.retry_failed else RetryPolicy.TRANSIENT,
@@ -357,6 +362,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
     graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
+    calibration = int8_calibration(opts, graph)
+    opts = dataclasses.replace(opts, calibration=calibration)
     t_loaded = time.perf_counter()
 
     specs = build_specs(opts.targets, opts.rule_options)
@@ -430,6 +437,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         plan.extra["shapes"] = {n: list(graph.tensors[n].shape) for n in graph.graph_inputs}
     if opts.layers is not None:
         plan.extra["layers"] = opts.layers
+    if calibration is not None:  # `run` builds the int8 partitions with these samples' ranges
+        plan.extra[CALIBRATION_KEY] = calibration.to_json()
     plan.extra["runner_ups"] = {
         e.id: [{**dataclasses.asdict(a), "cost_s": a.cost_s if math.isfinite(a.cost_s) else None}
                for a in alts]
@@ -474,6 +483,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "plan": str(Path(opts.out) / "plan.json"),
     }
     summary["confirm"] = confirm_info
+    summary[CALIBRATION_KEY] = plan.extra.get(CALIBRATION_KEY)
     summary["slots"] = slots
     # `measure_mode` above is the cache mode candidates are timed in (warm | flush | network);
     # `measure` is how costs were obtained (profile | exhaustive), `profiled` the profile runs
@@ -511,6 +521,19 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             summary["report_error"] = f"{type(e).__name__}: {e}"
     summary["wall_s"] = time.perf_counter() - t_start
     return summary
+
+
+def int8_calibration(opts: TuneOptions, graph: DataflowGraph) -> CalibrationData | None:
+    """The samples the campaign's int8 builds are calibrated on, checked against ``graph``
+    (`ModelError`, one line, before anything is measured): ``opts.calibration``, else seeded
+    random; None when no target builds int8."""
+    if not any(t.toolchain in INT8_TOOLCHAINS for t in opts.targets):
+        if opts.calibration is not None:
+            raise ModelError(f"calibration data {opts.calibration.path}: no target of this "
+                             "campaign builds int8 (an Ethos-U NPU or a Cortex-M host); it "
+                             "would not be used")
+        return None
+    return (opts.calibration or CalibrationData.random()).validated(graph)
 
 
 def _search_parts(graph: DataflowGraph, result: SearchResult) -> tuple:
