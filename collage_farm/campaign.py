@@ -53,14 +53,14 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
-from collage_farm.core.graph import DataflowGraph, ModelError
+from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.pins import PinSet, filter_candidates
 from collage_farm.core.plan import PlanError, make_plan, write_plan
 from collage_farm.core.rules import PartitionSpec, RuleOptions, all_candidates, default_spec
@@ -88,6 +88,7 @@ from collage_farm.report import write_report
 from collage_farm.report.summary import story_keys
 from collage_farm.zoo.source import load_source
 from estimators.base import CostEstimator
+from estimators.int8_ranges import int8_calibration, tensor_ranges_provider
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
@@ -101,7 +102,6 @@ from estimators.profiled import (
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
-from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.registry import capabilities_for
 
 log = logging.getLogger(__name__)
@@ -169,25 +169,6 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
         caps = capabilities_for(t.toolchain)
         specs.append(default_spec(t, caps.supports, caps.style, options))
     return specs
-
-
-def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target],
-                           calibration: CalibrationData | None = None
-                           ) -> Callable[[CandidatePartition], tuple] | None:
-    """Calibrated ranges (whole fp32 model, once, on ``calibration``'s samples: seeded random
-    by default) for targets that quantise."""
-    if not any(t.toolchain in INT8_TOOLCHAINS for t in targets):
-        return None
-    ranges = calibrate(graph, data=calibration)
-
-    def for_candidate(c: CandidatePartition) -> tuple:
-        names: set[str] = set(c.sub_graph.input_tensors)
-        for n in c.sub_graph.nodes:
-            names.update(o for o in n.outputs if o)
-        return tuple((k, float(ranges[k][0]), float(ranges[k][1]))
-                     for k in sorted(names) if k in ranges)
-
-    return for_candidate
 
 
 def make_estimator(opts: TuneOptions, graph: DataflowGraph
@@ -362,7 +343,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
     graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
-    calibration = int8_calibration(opts, graph)
+    calibration = int8_calibration(graph, opts.targets, opts.calibration)
     opts = dataclasses.replace(opts, calibration=calibration)
     t_loaded = time.perf_counter()
 
@@ -521,19 +502,6 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             summary["report_error"] = f"{type(e).__name__}: {e}"
     summary["wall_s"] = time.perf_counter() - t_start
     return summary
-
-
-def int8_calibration(opts: TuneOptions, graph: DataflowGraph) -> CalibrationData | None:
-    """The samples the campaign's int8 builds are calibrated on, checked against ``graph``
-    (`ModelError`, one line, before anything is measured): ``opts.calibration``, else seeded
-    random; None when no target builds int8."""
-    if not any(t.toolchain in INT8_TOOLCHAINS for t in opts.targets):
-        if opts.calibration is not None:
-            raise ModelError(f"calibration data {opts.calibration.path}: no target of this "
-                             "campaign builds int8 (an Ethos-U NPU or a Cortex-M host); it "
-                             "would not be used")
-        return None
-    return (opts.calibration or CalibrationData.random()).validated(graph)
 
 
 def _search_parts(graph: DataflowGraph, result: SearchResult) -> tuple:
