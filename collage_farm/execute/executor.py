@@ -132,7 +132,10 @@ class PlanExecutor:
     ``model`` (path or ModelProto) is the original model for `check`; else plan.json's
     ``source`` (``zoo:NAME`` rebuilt with `collage_farm.zoo.build`, ``pkg:NAME`` from its pip
     package, or a path). ``inputs`` fixes input values of the feeds (over those the partition
-    files carry from the campaign).
+    files carry from the campaign). ``calibration``: the samples int8 partitions are
+    calibrated on (default: what plan.json's ``int8_calibration`` records, seeded random for a
+    plan without it); the original model is calibrated whole at load, once, when the plan has
+    int8 partitions (`calibration`, `tensor_ranges`).
     """
 
     def __init__(self, plan_dir: str | Path, *, threads: int = 1,

@@ -39,6 +39,7 @@ from collage_farm.execute import (
     make_runtime,
 )
 from collage_farm.execute.numerics import reference_outputs
+from collage_farm.report import write_report
 from runners.calibration import SOFTMAX_SPAN, calibrate
 from runners.runtime_sim import calibrate_partition
 
@@ -149,6 +150,8 @@ def test_tune_records_the_calibration_and_run_reuses_it(model_file: Path, tmp_pa
     rec = json.loads((tmp_path / "f" / "plan.json").read_text())[CALIBRATION_KEY]
     assert rec["source"] == "file" and rec["samples"] == 5 and rec["path"] == str(npz.resolve())
     assert len(rec["sha256"]) == 64
+    page = write_report(tmp_path / "f", {}).read_text()  # one line in the report says which
+    assert "int8 builds calibrated on the whole model, file: 5 sample(s)" in page
     # run builds the int8 partitions with the same data's ranges, and checks on its samples
     ex = PlanExecutor(tmp_path / "f")
     want = calibrate(load_graph(model_file), data=CalibrationData.load(npz))
