@@ -17,13 +17,15 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
   ``step = (max(hi, 0) - min(lo, 0)) / 255`` the int8 quantisation step of the output's
   calibrated range (`int8_step`). Why steps: the output is itself an int8 tensor, so rounding
   it alone costs half a step, and every int8 tensor before it adds its own rounding, carried
-  forward by the layers after it. Measured with the reference kernels (`runners.runtime_sim`),
-  whole-model ranges and 8 random calibration samples, on two feeds each: 1.5-2.4 steps for
-  mnist, 2.5-3.4 for resnet18 and 3.4-4.1 for mobilenet_v2 (both at 32x32, cut into 1 or 3
-  partitions alternating NPU and host: the same errors, the cuts change nothing), 3.8 for a
-  one-layer GPT-2 cut into 17 partitions. 8 steps leaves twice the largest of those; a wrong
+  forward by the layers after it. Measured (``bench/int8_check.py``) with the reference kernels
+  (`runners.runtime_sim`), whole-model ranges and 8 random calibration samples, on two feeds
+  each: 1.5-2.4 steps for mnist, 2.5-3.4 for resnet18 and 3.4-4.1 for mobilenet_v2 (both at
+  32x32; whole on the NPU or cut into 3 partitions alternating NPU and host: the same errors),
+  3.1-4.3 for a one-layer GPT-2 (Vela's split, 20 partitions, or 14), 3.8 for the 17-partition
+  plan a campaign wrote for it. 8 steps leaves about twice the largest of those; a wrong
   wiring, a swapped or stale partition or a miscalibrated tensor (GPT-2's attention mask
-  quantised over [-10000, 4]: 52 steps) lands far beyond it;
+  quantised over [-10000, 4]: 47-52 steps; a partition calibrated on one sample and fed
+  another: 14-16) lands far beyond it;
 - int8 otherwise (any model that quantizes itself: `quantized`; no ranges known): rtol=0.1,
   atol=0.1 x max|ref|.
 """
