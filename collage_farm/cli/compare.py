@@ -44,6 +44,7 @@ from collage_farm.execute import CompareResult, PlanExecutor, Single, compare_in
 from collage_farm.postsearch.vela_whole import FIGURES, Board, ethos_u_board, vela_whole
 from collage_farm.report import plot_bars, plot_spread
 from collage_farm.zoo.source import load_source
+from estimators.int8_ranges import int8_calibration
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 
@@ -79,8 +80,8 @@ def run_compare(args: argparse.Namespace) -> int:
     targets = parse_targets(args.targets)
     board = ethos_u_board(targets)
     calibration = calibration_data(args)
-    if calibration is not None:
-        calibration = calibration.validated(graph)
+    if calibration is not None:  # checked against the model; refused where nothing is int8
+        calibration = int8_calibration(graph, targets, calibration)
     if board is not None:
         return _print_board(graph.name, simulated_board(graph, targets, board, args.plan,
                                                         calibration), args)
