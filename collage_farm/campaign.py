@@ -54,10 +54,11 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
 from collage_farm.core.graph import DataflowGraph
@@ -74,7 +75,7 @@ from collage_farm.costtable.decisions import (
     find_decision,
     plan_parts,
 )
-from collage_farm.execute import SIMULATED_TOOLCHAINS
+from collage_farm.execute import CALIBRATION_KEY, SIMULATED_TOOLCHAINS
 from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
@@ -88,6 +89,7 @@ from collage_farm.report import write_report
 from collage_farm.report.summary import story_keys
 from collage_farm.zoo.source import load_source
 from estimators.base import CostEstimator
+from estimators.int8_ranges import int8_calibration, tensor_ranges_provider
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
@@ -101,7 +103,6 @@ from estimators.profiled import (
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
-from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.registry import capabilities_for
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,8 @@ class TuneOptions:
     profile_tolerance: float = DEFAULT_TOLERANCE  # profile sum vs whole model: else fall back
     screen_rounds: int = 4  # plans whose uncertain candidates are measured (`screen`)
     inputs: Mapping[str, object] = field(default_factory=dict)  # fixed input values (--input)
+    # samples int8 builds are calibrated on (--calibration-data); None: seeded random
+    calibration: CalibrationData | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -195,23 +198,6 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
         caps = capabilities_for(t.toolchain)
         specs.append(default_spec(t, caps.supports, caps.style, options))
     return specs
-
-
-def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target]
-                           ) -> Callable[[CandidatePartition], tuple] | None:
-    """Calibrated ranges (whole fp32 model, once) for targets that quantise."""
-    if not any(t.toolchain in INT8_TOOLCHAINS for t in targets):
-        return None
-    ranges = calibrate(graph)
-
-    def for_candidate(c: CandidatePartition) -> tuple:
-        names: set[str] = set(c.sub_graph.input_tensors)
-        for n in c.sub_graph.nodes:
-            names.update(o for o in n.outputs if o)
-        return tuple((k, float(ranges[k][0]), float(ranges[k][1]))
-                     for k in sorted(names) if k in ranges)
-
-    return for_candidate
 
 
 def make_estimator(opts: TuneOptions, graph: DataflowGraph
@@ -244,7 +230,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
             store,
             model=graph.name,
             measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
-            tensor_ranges_for=tensor_ranges_provider(graph, opts.targets),
+            tensor_ranges_for=tensor_ranges_provider(graph, opts.targets, opts.calibration),
             prune=opts.prune,
             strictness=Strictness.parse(opts.strictness),
             retry=RetryPolicy.ALL if opts.retry_failed else RetryPolicy.TRANSIENT,
@@ -386,6 +372,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
     graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
+    calibration = int8_calibration(graph, opts.targets, opts.calibration)
+    opts = dataclasses.replace(opts, calibration=calibration)
     t_loaded = time.perf_counter()
 
     specs = build_specs(opts.targets, opts.rule_options)
@@ -459,6 +447,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         plan.extra["shapes"] = {n: list(graph.tensors[n].shape) for n in graph.graph_inputs}
     if opts.layers is not None:
         plan.extra["layers"] = opts.layers
+    if calibration is not None:  # `run` builds the int8 partitions with these samples' ranges
+        plan.extra[CALIBRATION_KEY] = calibration.to_json()
     plan.extra["runner_ups"] = {
         e.id: [{**dataclasses.asdict(a), "cost_s": a.cost_s if math.isfinite(a.cost_s) else None}
                for a in alts]
@@ -503,6 +493,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "plan": str(Path(opts.out) / "plan.json"),
     }
     summary["confirm"] = confirm_info
+    summary[CALIBRATION_KEY] = plan.extra.get(CALIBRATION_KEY)
     summary["slots"] = slots
     # `measure_mode` above is the cache mode candidates are timed in (warm | flush | network);
     # `measure` is how costs were obtained (profile | exhaustive), `profiled` the profile runs

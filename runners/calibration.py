@@ -6,18 +6,30 @@ candidate's own random inputs would produce (a sub-graph starting after a ReLU w
 be calibrated on negative values it never sees). The Collage search asks for thousands of
 candidates per model, many overlapping, so the ranges are measured once per model: one ONNX
 Runtime CPU session over the fp32 model with every intermediate tensor exposed as a graph
-output, run on ``n_samples`` seeded random inputs (`collage_farm.core.graph.random_inputs`, seeds
-``seed .. seed + n_samples - 1``), recording per-tensor min and max over all samples. Every
-candidate then picks its tensors' ranges by name (tensor names survive extraction).
+output, run on the samples of a `collage_farm.core.calibration_data.CalibrationData` (by
+default ``n_samples`` seeded random inputs, `collage_farm.core.graph.random_inputs`, seeds
+``seed .. seed + n_samples - 1``; or the user's own data), recording per-tensor min and max over
+all samples. Every candidate then picks its tensors' ranges by name (tensor names survive
+extraction), and so does every int8 partition a plan runs (`runners.runtime_sim`): the tensor
+between two int8 partitions gets one range, the one the costed builds used, on both sides.
 
-Caching: by a SHA-256 of the serialised model plus the seed and sample count, in memory (per
+Caching: by a SHA-256 of the serialised model plus the samples' identity (seed and count, or
+the data's SHA-256 and count: `CalibrationData.key`), in memory (per
 process) and, when a cache directory is given (argument or ``COLLAGE_FARM_CALIBRATION_CACHE``),
 as one JSON file per model written atomically (temp file + rename), so a resumed campaign and
 parallel workers on one host reuse it.
 
+Softmax inputs: a tensor read only by Softmax keeps at most `SOFTMAX_SPAN` of range below its
+maximum. An additive attention mask (GPT-2's -10000) otherwise sets its int8 scale: one step of
+the range [-10000, 4] is 39, more than the whole span of the unmasked scores, which all round to
+the same value, and the softmax after it becomes uniform. Saturating at ``max - SOFTMAX_SPAN``
+instead costs nothing a softmax can show: a score that far below the row's maximum has a
+probability below e^-20 (2e-9) either way, far under one int8 step of the probabilities
+(1/256), while the scores that matter keep a step of (span + max) / 255.
+
 Random data is a stand-in for a real calibration set: the zoo's weights are scaled so that
 activations stay O(1) on N(0, 1) inputs, which gives ranges of the right order; a campaign with
-real data can pass ranges of its own (`BuildInput.tensor_ranges` is just names -> ranges).
+real data passes it (``--calibration-data``), and plan.json records which was used.
 """
 
 from __future__ import annotations
@@ -32,17 +44,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, load_graph, random_inputs
+from collage_farm.core.calibration_data import CalibrationData, CalibrationSource
+from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, load_graph
+from collage_farm.core.tensors import ModelError
 
-__all__ = ["CACHE_ENV", "INT8_TOOLCHAINS", "calibrate", "clear_memory_cache", "model_key",
-           "ranges_for"]
+__all__ = ["CACHE_ENV", "INT8_TOOLCHAINS", "SOFTMAX_SPAN", "calibrate", "clear_memory_cache",
+           "model_key", "ranges_for"]
 
 #: toolchains whose candidates are quantised to int8 with the whole model's ranges (Ethos-U's
 #: NPU and its Cortex-M host): a campaign calibrates once when it searches one of them
 INT8_TOOLCHAINS = frozenset({"vela", "cortex-m"})
 
 CACHE_ENV = "COLLAGE_FARM_CALIBRATION_CACHE"
-_FORMAT = 1  # bump when the file layout or the method changes
+_FORMAT = 2  # bump when the file layout or the method changes (2: Softmax inputs capped)
+#: range kept below the maximum of a tensor read only by Softmax (module docstring)
+SOFTMAX_SPAN = 20.0
 
 _lock = threading.Lock()
 _memory: dict[str, dict[str, tuple[float, float]]] = {}
@@ -50,10 +66,13 @@ _memory: dict[str, dict[str, tuple[float, float]]] = {}
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
 
-def model_key(graph: DataflowGraph, seed: int, n_samples: int) -> str:
-    """Cache key: hash of the model bytes, the seed and the sample count."""
+def model_key(graph: DataflowGraph, seed: int, n_samples: int,
+              data: CalibrationData | None = None) -> str:
+    """Cache key: hash of the model bytes and the samples' identity (``data``'s, else the
+    seed and the sample count of random samples)."""
+    data = data or CalibrationData.random(n_samples, seed)
     h = hashlib.sha256(graph.model.SerializeToString())
-    h.update(f"|seed={seed}|n={n_samples}|v{_FORMAT}".encode())
+    h.update(f"{data.key}|v{_FORMAT}".encode())
     return h.hexdigest()
 
 
@@ -74,7 +93,7 @@ def _float_tensors(graph: DataflowGraph) -> list[str]:
     return names
 
 
-def _measure(graph: DataflowGraph, seed: int, n_samples: int) -> dict[str, tuple[float, float]]:
+def _measure(graph: DataflowGraph, data: CalibrationData) -> dict[str, tuple[float, float]]:
     import onnxruntime as ort  # heavy: only where a model is actually run
 
     names = _float_tensors(graph)
@@ -104,14 +123,35 @@ def _measure(graph: DataflowGraph, seed: int, n_samples: int) -> dict[str, tuple
         lo[name] = min(lo.get(name, mn), mn)
         hi[name] = max(hi.get(name, mx), mx)
 
-    for i in range(max(1, int(n_samples))):
-        feeds = random_inputs(graph, seed + i)
+    for i, feeds in enumerate(data.feeds(graph)):
         for name, arr in feeds.items():
             if name in names:
                 record(name, arr)
-        for name, arr in zip(produced, sess.run(produced, feeds)):
+        try:
+            outs = sess.run(produced, feeds)
+        except Exception as e:  # the user's data, out of what the model accepts
+            if data.source is CalibrationSource.RANDOM:
+                raise
+            why = " ".join(str(e).split())[:200]
+            raise ModelError(f"calibration data {data.path}: the model does not run on "
+                             f"sample {i} ({type(e).__name__}: {why})") from None
+        for name, arr in zip(produced, outs):
             record(name, arr)
-    return {t: (lo[t], hi[t]) for t in names if t in lo}
+    capped = _softmax_inputs(graph)
+    return {t: (max(lo[t], hi[t] - SOFTMAX_SPAN) if t in capped else lo[t], hi[t])
+            for t in names if t in lo}
+
+
+def _softmax_inputs(graph: DataflowGraph) -> set[str]:
+    """Tensors every reader of which is a Softmax (not graph outputs): their ranges are capped
+    at `SOFTMAX_SPAN` below their maximum (module docstring)."""
+    readers: dict[str, set[str]] = {}
+    for n in graph.nodes:
+        for t in n.inputs:
+            if t:
+                readers.setdefault(t, set()).add(n.op_type)
+    outs = set(graph.graph_outputs)
+    return {t for t, ops in readers.items() if ops == {"Softmax"} and t not in outs}
 
 
 def calibrate(
@@ -119,15 +159,19 @@ def calibrate(
     seed: int = 0,
     n_samples: int = 8,
     cache_dir: str | os.PathLike[str] | None = None,
+    data: CalibrationData | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per-tensor (min, max) of every float tensor (graph inputs and node outputs).
 
-    Runs the whole fp32 model once per model (cached; see the module docstring). A
-    `ModelProto` or model bytes are loaded with `collage_farm.core.graph.load_graph` first.
+    Runs the whole fp32 model once per model and samples (cached; see the module docstring)
+    on ``data``, else on ``n_samples`` random samples from ``seed``. A `ModelProto` or model
+    bytes are loaded with `collage_farm.core.graph.load_graph` first. File data that does not
+    fit the model raises `ModelError` (one line).
     """
     if not isinstance(graph, DataflowGraph):
         graph = load_graph(graph)
-    key = model_key(graph, seed, n_samples)
+    data = data or CalibrationData.random(n_samples, seed)
+    key = model_key(graph, seed, n_samples, data)
     with _lock:
         hit = _memory.get(key)
     if hit is not None:
@@ -143,12 +187,12 @@ def calibrate(
         except (OSError, ValueError, KeyError, TypeError, IndexError):
             ranges = None  # a damaged cache file is re-measured and overwritten
     if ranges is None:
-        ranges = _measure(graph, seed, n_samples)
+        ranges = _measure(graph, data)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"key": key, "model": graph.name, "seed": seed,
-                                       "n_samples": n_samples,
+            tmp.write_text(json.dumps({"key": key, "model": graph.name,
+                                       "calibration": data.to_json(),
                                        "ranges": {k: list(v) for k, v in ranges.items()}}))
             os.replace(tmp, path)
     with _lock:

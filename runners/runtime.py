@@ -43,7 +43,10 @@ class RuntimeInput:
     ``target`` is the target's id as the plan names it; ``options`` its options (sorted pairs,
     as in `Target.options`); ``threads`` the intra-op thread count of the session (the target's
     ``threads`` option when it has one). ``estimated_s`` is the plan's estimate, which a
-    simulated partition reports as its latency.
+    simulated partition reports as its latency. ``tensor_ranges`` (name, min, max) are the
+    whole model's calibrated ranges (`runners.calibration`), for toolchains that build int8
+    (as `BuildInput.tensor_ranges`: a plan's int8 partitions are built as they were costed);
+    empty for the others.
     """
 
     id: str
@@ -54,6 +57,7 @@ class RuntimeInput:
     estimated_s: float = 0.0
     options: tuple[tuple[str, Any], ...] = ()
     threads: int = 1
+    tensor_ranges: tuple[tuple[str, float, float], ...] = ()
 
     def target_on(self, toolchain: str, device: VirtualDevice = CPU0) -> Target:
         """The partition's target on ``device``, with its options."""

@@ -3,10 +3,23 @@ from the plan.
 
 An Ethos-U partition cannot run on this hardware: its latency is the simulated cost the plan
 recorded (``estimated_s``; the runtime's kind is `Kind.SIMULATED`, so the executor adds it
-instead of timing it). Its numerics come from the int8 TFLite model (`runners.tflite.convert`,
-calibrated on the first feeds it sees) run in LiteRT when LiteRT is installed, else from the
-fp32 ONNX partition in ONNX Runtime CPU; ``numerics`` says which, and an int8 model that fails
-at its first run falls back to fp32 and says so.
+instead of timing it). Its numerics come from the int8 TFLite model (`runners.tflite.convert`)
+run in LiteRT when LiteRT is installed, else from the fp32 ONNX partition in ONNX Runtime CPU;
+``numerics`` says which, and an int8 model that fails at its first run falls back to fp32 and
+says so.
+
+Kernels: LiteRT's reference kernels (``OpResolverType.BUILTIN_REF``), the arithmetic TFLite
+Micro's reference and CMSIS-NN kernels and Vela's NPU code implement, not its optimised CPU
+kernels (XNNPACK, NEON): those round differently and, measured on this machine, overflow on an
+int8 ADD whose input scales differ by 500x (GPT-2's additive mask, -10000, added to scores in
+[-3, 4]: every masked score came out at +4 instead of the saturated minimum, and the softmax
+after it went wrong). The partition is never timed, so their speed does not matter.
+
+Ranges: the int8 model is quantised with the ranges the costed build used, the whole model's
+(`RuntimeInput.tensor_ranges`, from `runners.calibration`), so the tensor between two chained
+int8 partitions has one scale and zero point on both sides, as in the deployed model. Only
+without them (a runtime made outside a plan run), or for a tensor they lack, is the partition
+calibrated on the first feeds it sees (`partition_ranges`); ``numerics`` says which.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from runners.ort import OrtCpuToolchain, ort_session
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.tflite import convert
 
-__all__ = ["calibrate_partition", "simulated_runtime"]
+__all__ = ["calibrate_partition", "partition_ranges", "simulated_runtime"]
 
 _FP32 = OrtCpuToolchain()  # compiles the fp32 stand-ins (`runtime` keeps no state)
 
@@ -49,6 +62,26 @@ def calibrate_partition(data: bytes, feeds: Mapping[str, np.ndarray]
     return out
 
 
+def partition_ranges(data: bytes, given: Mapping[str, tuple[float, float]],
+                     feeds: Mapping[str, np.ndarray]
+                     ) -> tuple[dict[str, tuple[float, float]], str]:
+    """The ranges to quantise partition ``data`` with, and where they came from: ``given``
+    (the whole model's), any float tensor of the partition they lack calibrated on ``feeds``
+    (all of them when ``given`` is empty)."""
+    if not given:
+        return calibrate_partition(data, feeds), "ranges of this partition's own inputs"
+    m = onnx.load_from_string(data)
+    init = {i.name for i in m.graph.initializer}
+    need = ({i.name for i in m.graph.input if i.name not in init}
+            | {o for n in m.graph.node for o in n.output if o})
+    missing = need - set(given)
+    own = calibrate_partition(data, feeds) if missing else {}
+    filled = {t: own[t] for t in sorted(missing) if t in own}
+    note = "whole-model ranges" + (f"; {len(filled)} tensor(s) calibrated on this "
+                                   "partition's own inputs" if filled else "")
+    return {**given, **filled}, note
+
+
 def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
     """``toolchain``'s partition: int8 TFLite in LiteRT when available (else fp32 ORT);
     latency simulated (module docstring)."""
@@ -56,18 +89,25 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
         _FP32.runtime(dataclasses.replace(inp, options=())), toolchain=toolchain,
         kind=Kind.SIMULATED, numerics="ort-cpu fp32 stand-in")
     try:
-        from ai_edge_litert.interpreter import Interpreter  # heavy: only where plans run
+        from ai_edge_litert.interpreter import (  # heavy: only where plans run
+            Interpreter,
+            OpResolverType,
+        )
     except ImportError:
         return fp32
     data, threads = inp.onnx_bytes, inp.threads
+    given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
     state: dict[str, Any] = {}
 
     def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if "model" not in state:  # calibrate on the first feeds, then convert once
-            conv = convert(data, "int8", calibrate_partition(data, feeds))
-            interp = Interpreter(model_content=conv.tflite, num_threads=max(1, threads))
+        if "model" not in state:  # ranges (the whole model's) at the first feeds, convert once
+            ranges, note = partition_ranges(data, given, feeds)
+            conv = convert(data, "int8", ranges)
+            interp = Interpreter(model_content=conv.tflite, num_threads=max(1, threads),
+                                 experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
             interp.allocate_tensors()
             state["model"], state["interp"] = conv, interp
+            rt.numerics = f"litert int8 (runners.tflite; {note})"
         conv, interp = state["model"], state["interp"]
         for s in conv.inputs:
             interp.set_tensor(s.index, s.to_tflite(feeds[s.name]))

@@ -22,9 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from collage_farm.campaign import build_specs, tensor_ranges_provider
-from collage_farm.cli.inputs import add_input_arg, input_values
+from collage_farm.cli.inputs import (
+    add_calibration_arg,
+    add_input_arg,
+    calibration_data,
+    input_values,
+)
 from collage_farm.cli.measure import add_measure_args, fmt_ms, measure_config
 from collage_farm.config import builtin_system_for
+from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.graph import DataflowGraph, parse_shape
 from collage_farm.core.plan import load_plan
@@ -38,6 +44,7 @@ from collage_farm.execute import CompareResult, PlanExecutor, Single, compare_in
 from collage_farm.postsearch.vela_whole import FIGURES, Board, ethos_u_board, vela_whole
 from collage_farm.report import plot_bars, plot_spread
 from collage_farm.zoo.source import load_source
+from estimators.int8_ranges import int8_calibration
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 
@@ -62,6 +69,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --cost-table: only the per-sub-graph comparison (no timing run)")
     c.add_argument("--layers", type=int, help="layers for zoo transformer models")
     add_input_arg(c)
+    add_calibration_arg(c, "8 seeded random samples")
     add_measure_args(c)
 
 
@@ -71,8 +79,12 @@ def run_compare(args: argparse.Namespace) -> int:
     graph = load_source(args.model, shapes, args.layers, input_values(args))
     targets = parse_targets(args.targets)
     board = ethos_u_board(targets)
+    calibration = calibration_data(args)
+    if calibration is not None:  # checked against the model; refused where nothing is int8
+        calibration = int8_calibration(graph, targets, calibration)
     if board is not None:
-        return _print_board(graph.name, simulated_board(graph, targets, board, args.plan), args)
+        return _print_board(graph.name, simulated_board(graph, targets, board, args.plan,
+                                                        calibration), args)
     singles = [Single.of(t) for t in targets]  # labelled by target, built with its options
     spread: list[dict] | None = None
     if args.cost_table:
@@ -83,7 +95,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if spread is not None and args.no_whole:
         return _print_spread(graph.name, spread, args)
     plan = PlanExecutor(args.plan, threads=args.threads, model=graph.model,
-                        inputs=input_values(args)) if args.plan else None
+                        inputs=input_values(args), calibration=calibration) if args.plan else None
     cmp = compare_interleaved(graph.model, singles, measure_config(args), plan=plan,
                               threads=args.threads)
     out = {"model": graph.name, "toolchains": [t.toolchain for t in targets],
@@ -130,9 +142,11 @@ def _print_compare(model: str, rows: list[tuple[str, float]], cmp: CompareResult
 
 
 def simulated_board(graph: DataflowGraph, targets: Sequence[Target], board: Board,
-                    plan: str | None = None) -> dict[str, Any]:
+                    plan: str | None = None, calibration: CalibrationData | None = None
+                    ) -> dict[str, Any]:
     """Simulated whole-model figures on an Ethos-U board: each target alone, Vela whole and
-    (``plan``: a plan directory) the plan's own estimate; failures as text."""
+    (``plan``: a plan directory) the plan's own estimate; failures as text. int8 builds are
+    calibrated on ``calibration`` (seeded random by default)."""
     cfg = builtin_system_for(targets)
     transition = cfg.transition if cfg is not None else AnalyticTransitionModel()
     rows: dict[str, float] = {}
@@ -141,7 +155,8 @@ def simulated_board(graph: DataflowGraph, targets: Sequence[Target], board: Boar
         est = FarmEstimator(LocalService(sorted({t.toolchain for t in targets})),
                             TableStore(Path(tmp) / "costs", campaign_id="compare"),
                             model=graph.name, prune=False,
-                            tensor_ranges_for=tensor_ranges_provider(graph, targets))
+                            tensor_ranges_for=tensor_ranges_provider(graph, targets,
+                                                                     calibration))
         try:
             for t in targets:
                 whole = CandidatePartition(SubGraph(graph, graph.all_mask), t, rule="single")

@@ -5,6 +5,13 @@ to the best single toolchain once run end to end. ``run`` checks a plan's numeri
 whole model (exit 1 on mismatch: a wrong plan must never look like a fast one), then times it
 interleaved with every single toolchain it uses and prints the additive error and the apparent
 loss.
+
+A plan with int8 partitions (an Ethos-U NPU, its Cortex-M host) is checked with those
+partitions built as the campaign costed them: quantised with the source model's ranges,
+calibrated whole on the samples plan.json's ``int8_calibration`` names (``--calibration-data``
+overrides it), and held to a tolerance in int8 steps of each output's calibrated range
+(`collage_farm.execute.numerics`). With the user's calibration data the check runs on its first
+sample, else on seeded random feeds.
 """
 
 from __future__ import annotations
@@ -15,17 +22,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from collage_farm.cli.inputs import add_input_arg, input_values
+from collage_farm.cli.inputs import (
+    add_calibration_arg,
+    add_input_arg,
+    calibration_data,
+    input_values,
+)
 from collage_farm.cli.measure import add_measure_args, fmt_ms, measure_config
 from collage_farm.core.graph import ModelError, parse_shape
 from collage_farm.core.plan import PlanError
 from collage_farm.execute import (
+    CALIBRATION_KEY,
     CompareResult,
     ExecutionMismatch,
     PlanExecutor,
     Single,
     compare_interleaved,
-    tolerance_label,
 )
 from collage_farm.report import write_report
 
@@ -42,6 +54,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="INPUT=DxDx...",
                    help="input shape for the feeds, e.g. --shape input=1x3x224x224")
     add_input_arg(p)
+    add_calibration_arg(p, "what plan.json's int8_calibration records")
     p.add_argument("--no-singles", action="store_true",
                    help="do not measure the whole model on each single toolchain")
     p.add_argument("--report", action="store_true", help="write report.html into the plan dir")
@@ -52,7 +65,7 @@ def _executor(args: argparse.Namespace) -> PlanExecutor:
     shapes = dict(parse_shape(s) for s in args.shape)
     inputs = input_values(args)
     ex = PlanExecutor(args.plan_dir, threads=args.threads, model=args.model, shapes=shapes,
-                      inputs=inputs)
+                      inputs=inputs, calibration=calibration_data(args))
     for flag, names in (("--shape", shapes), ("--input", inputs)):
         unknown = sorted(set(names) - set(ex.plan.graph_inputs))
         if unknown and ex.plan.graph_inputs:  # as tune: a typo must not pass silently
@@ -62,14 +75,14 @@ def _executor(args: argparse.Namespace) -> PlanExecutor:
 
 
 def _check(ex: PlanExecutor, plan_dir: str) -> dict[str, float]:
-    """The plan's largest error per output against the whole model on seeded random feeds.
+    """The plan's largest error per output against the whole model on the executor's check
+    feeds (`PlanExecutor.check_feeds`).
 
     Raises `ExecutionMismatch` beyond tolerance, and `PlanError` when the plan's files do not
     run against the model at all.
     """
-    feeds = ex.random_feeds()
     try:
-        return ex.check(feeds)
+        return ex.check(ex.check_feeds())
     except (ExecutionMismatch, PlanError, ModelError):
         raise
     except Exception as e:  # the plan's files do not fit the model they claim to come from
@@ -87,8 +100,8 @@ def _result(args: argparse.Namespace, ex: PlanExecutor, errors: dict[str, float]
         "plan": str(Path(args.plan_dir)),
         "model": ex.plan.model,
         "estimator": ex.plan.estimator,
-        "check": {"ok": True, "max_abs_error": errors,
-                  "tolerance": tolerance_label(ex.precision)},
+        "check": {"ok": True, "max_abs_error": errors, "tolerance": ex.tolerance},
+        CALIBRATION_KEY: ex.calibration.to_json() if ex.calibration else None,
         "plan_measured_s": cmp.plan.total_s,
         "measured_part_s": cmp.plan.summary.median,
         "simulated_part_s": cmp.plan.simulated_s,
@@ -138,6 +151,8 @@ def run_run(args: argparse.Namespace) -> int:
 def _print_run(out: dict[str, Any], ex: PlanExecutor, cmp: CompareResult) -> None:
     print(f"plan {out['plan']} ({out['model']}): {len(ex.partitions)} partitions; numerics OK "
           f"({out['check']['tolerance']})")
+    if ex.calibration is not None:
+        print(f"int8 partitions calibrated on the whole model, {ex.calibration.describe()}")
     for p in out["partitions"]:
         print(f"  {p['id']}  {p['target']:16s} est {fmt_ms(p['estimated_s']):>14s}  {p['kind']}")
     print(f"measured end to end {fmt_ms(out['plan_measured_s'])} (measured part "

@@ -15,7 +15,12 @@ from typing import Any
 from collage_farm.campaign import DEFAULT_REFINE_TRIALS, CostSource, TuneOptions
 from collage_farm.campaign import run_tune as run_campaign
 from collage_farm.cli.errors import UserError
-from collage_farm.cli.inputs import add_input_arg, input_values
+from collage_farm.cli.inputs import (
+    add_calibration_arg,
+    add_input_arg,
+    calibration_data,
+    input_values,
+)
 from collage_farm.cli.targets import add_config_args, config_from_args, toolchain_unavailable
 from collage_farm.config import builtin_system_for
 from collage_farm.core.graph import parse_shape
@@ -44,6 +49,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bind a dynamic input shape, e.g. --shape input=1x3x224x224")
     p.add_argument("--layers", type=int, help="layers for zoo transformer models")
     add_input_arg(p)
+    add_calibration_arg(p, "8 seeded random samples; plan.json records which was used")
 
 
 def _add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -184,6 +190,7 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
         out=Path(args.out),
         shapes=shapes,
         inputs=input_values(args),
+        calibration=calibration_data(args),
         layers=args.layers,
         estimator=(CostSource.MOCK if args.mock else CostSource.OFFLINE if args.offline
                    else CostSource.FARM),

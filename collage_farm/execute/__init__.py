@@ -24,7 +24,7 @@ from collage_farm.execute.compare import (
     ort_multi_ep,
     single_executor,
 )
-from collage_farm.execute.executor import PlanExecutor, Timing, make_runtime
+from collage_farm.execute.executor import CALIBRATION_KEY, PlanExecutor, Timing, make_runtime
 from collage_farm.execute.interleaved import (
     Interleaved,
     measure_interleaved,
@@ -33,6 +33,7 @@ from collage_farm.execute.interleaved import (
 from collage_farm.execute.numerics import (
     FP32_ATOL,
     FP32_RTOL,
+    INT8_STEPS,
     PRECISIONS,
     QUANT_ATOL_FRAC,
     QUANT_RTOL,
@@ -45,8 +46,10 @@ from collage_farm.execute.numerics import (
 from runners.runtime import SIMULATED_TOOLCHAINS, PartitionRuntime
 
 __all__ = [
+    "CALIBRATION_KEY",
     "FP32_ATOL",
     "FP32_RTOL",
+    "INT8_STEPS",
     "PRECISIONS",
     "QUANT_ATOL_FRAC",
     "QUANT_RTOL",

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
 from collage_farm.execute.executor import PlanExecutor, make_runtime
 from collage_farm.execute.numerics import compare_outputs, reference_outputs
+from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.runtime import PartitionRuntime
 
 __all__ = ["Part", "PlanBuilder"]
@@ -38,12 +40,16 @@ class PlanBuilder:
 
     The cache is what makes a trial cheap: a move changes one or two partitions, the others'
     compiled sessions are reused (each executor binds its own buffers and steps). Reference
-    outputs (the whole model in ONNX Runtime CPU on seeded feeds) are computed once.
+    outputs (the whole model in ONNX Runtime CPU on seeded feeds) are computed once. Partitions
+    on int8 toolchains are quantised with the whole graph's ranges (`runners.calibration`,
+    on ``calibration``'s samples: seeded random by default), as the campaign costed them.
     """
 
-    def __init__(self, graph: DataflowGraph, *, threads: int = 1) -> None:
+    def __init__(self, graph: DataflowGraph, *, threads: int = 1,
+                 calibration: CalibrationData | None = None) -> None:
         self.graph = graph
         self.threads = threads
+        self.calibration = calibration or CalibrationData.random()
         self._cache: dict[tuple[int, str], PartitionRuntime] = {}
         self._reference: dict[str, np.ndarray] | None = None
         self._feeds: dict[str, np.ndarray] | None = None
@@ -55,9 +61,12 @@ class PlanBuilder:
         if rt is None:
             sg = SubGraph(self.graph, part.mask)
             data = sg.extract(name=f"{self.graph.name}_p{k:03d}").SerializeToString()
+            int8 = part.target.toolchain in INT8_TOOLCHAINS
             rt = make_runtime(f"p{k:03d}", part.target.id, part.target.toolchain, data,
                               sg.input_tensors, sg.output_tensors, estimated_s,
-                              dict(part.target.options), self.threads)
+                              dict(part.target.options), self.threads,
+                              tensor_ranges=calibrate(self.graph, data=self.calibration)
+                              if int8 else None)
             if part.target.toolchain in ("ort-cpu", "openvino"):  # bindings are independent
                 self._cache[key] = rt
         return rt.renamed(f"p{k:03d}", estimated_s)

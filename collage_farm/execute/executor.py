@@ -19,9 +19,13 @@ and consumers (ORT binds them by pointer with IOBinding, OpenVINO wraps them as 
 by GPU partitions (`PartitionRuntime.on_gpu`) stays on the device as an ``OrtValue``. The timed
 call is then just the partitions' run calls, with no per-call Python conversion or copies.
 
-Simulated partitions (Ethos-U via Vela) cannot run on this hardware: their latency is the
-simulated cost from the plan's ``estimated_s`` (`Timing.simulated_s`), their numerics come from
-`runners.runtime_sim`.
+Simulated partitions (Ethos-U via Vela, its Cortex-M host) cannot run on this hardware: their
+latency is the simulated cost from the plan's ``estimated_s`` (`Timing.simulated_s`), their
+numerics come from `runners.runtime_sim`. Those partitions are int8 builds, quantised with the
+ranges the costed builds used: the source model calibrated whole, once (`runners.calibration`),
+on the samples plan.json's ``int8_calibration`` records (`CalibrationData`: seeded random
+feeds, or the campaign's ``--calibration-data``), so chained int8 partitions agree on the
+scale of every tensor they share, as in the deployed model.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from collage_farm.core.calibration_data import CalibrationData, CalibrationSource
 from collage_farm.core.feeds import (
     FeedSpec,
     attach_input_values,
@@ -46,32 +51,45 @@ from collage_farm.core.feeds import (
     fit_value,
     merge_specs,
 )
-from collage_farm.core.plan import Plan, PlanError, load_plan
+from collage_farm.core.graph import load_graph
+from collage_farm.core.plan import PartitionEntry, Plan, PlanError, load_plan
 from collage_farm.core.target import get_target
 from collage_farm.execute.numerics import (
     compare_outputs,
+    int8_step,
     loosest,
     quantized,
     reference_model,
     reference_outputs,
+    tolerance_label,
 )
 from runners.base import Kind, MeasureConfig, RuntimeUnavailable, Summary
+from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.measure import time_callable
 from runners.registry import get_toolchain
 from runners.runtime import PartitionRuntime, RuntimeInput
 
-__all__ = ["PlanExecutor", "Timing", "make_runtime"]
+__all__ = ["CALIBRATION_KEY", "PlanExecutor", "Timing", "make_runtime"]
+
+#: plan.json's key for the calibration the campaign's int8 builds used (`CalibrationData`)
+CALIBRATION_KEY = "int8_calibration"
 
 
 def make_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs: Sequence[str],
                  outputs: Sequence[str], est: float, options: Mapping[str, Any] | None = None,
-                 threads: int = 1) -> PartitionRuntime:
+                 threads: int = 1, *,
+                 tensor_ranges: Mapping[str, tuple[float, float]] | None = None
+                 ) -> PartitionRuntime:
     """Partition ``pid`` (ONNX bytes ``data``) as ``toolchain``'s runtime; its target's
-    ``threads`` option wins over ``threads``. Raises `PlanError` when it cannot run here."""
+    ``threads`` option wins over ``threads``; ``tensor_ranges`` are the whole model's
+    calibrated ranges, for a toolchain that builds int8 (`INT8_TOOLCHAINS`). Raises
+    `PlanError` when it cannot run here."""
     opts = dict(options or {})
     threads = int(opts.get("threads", threads) or threads)
+    ranges = (tuple((k, float(lo), float(hi)) for k, (lo, hi) in sorted(tensor_ranges.items()))
+              if tensor_ranges and toolchain in INT8_TOOLCHAINS else ())
     inp = RuntimeInput(pid, target, data, tuple(inputs), tuple(outputs), est,
-                       tuple(sorted(opts.items())), threads)
+                       tuple(sorted(opts.items())), threads, ranges)
     try:
         return get_toolchain(toolchain).runtime(inp)
     except RuntimeUnavailable as e:
@@ -114,13 +132,17 @@ class PlanExecutor:
     ``model`` (path or ModelProto) is the original model for `check`; else plan.json's
     ``source`` (``zoo:NAME`` rebuilt with `collage_farm.zoo.build`, ``pkg:NAME`` from its pip
     package, or a path). ``inputs`` fixes input values of the feeds (over those the partition
-    files carry from the campaign).
+    files carry from the campaign). ``calibration``: the samples int8 partitions are
+    calibrated on (default: what plan.json's ``int8_calibration`` records, seeded random for a
+    plan without it); the original model is calibrated whole at load, once, when the plan has
+    int8 partitions (`calibration`, `tensor_ranges`).
     """
 
     def __init__(self, plan_dir: str | Path, *, threads: int = 1,
                  model: str | os.PathLike | onnx.ModelProto | None = None,
                  shapes: Mapping[str, Sequence[int]] | None = None,
-                 inputs: Mapping[str, np.ndarray] | None = None) -> None:
+                 inputs: Mapping[str, np.ndarray] | None = None,
+                 calibration: CalibrationData | None = None) -> None:
         self.plan_dir = Path(plan_dir)
         self.input_values = dict(inputs or {})
         self.plan, self.files = load_plan(plan_dir)
@@ -130,40 +152,76 @@ class PlanExecutor:
         self.partitions: list[PartitionRuntime] = []
         if not self.plan.partitions:
             raise PlanError(f"plan {self.plan_dir}: no partitions")
-        for p in self.plan.partitions:
-            f = self.files[p.id]
-            try:
-                data = f.read_bytes()
-            except OSError as e:
-                raise PlanError(f"partition {p.id}: cannot read {f} "
-                                f"({e.strerror or e})") from None
-            tc = p.toolchain or _toolchain_of_target(self.plan, p.target)
-            try:
-                self.partitions.append(make_runtime(
-                    p.id, p.target, tc, data, p.inputs, p.outputs, p.estimated_s,
-                    _target_options(self.plan, p.target), threads))
-            except PlanError:
-                raise
-            except Exception as e:  # a corrupt or swapped file: the toolchain's own words
-                why = " ".join(str(e).split())  # OpenVINO's errors span lines
-                raise PlanError(f"partition {p.id}: {f.name} does not load on {tc} "
-                                f"({type(e).__name__}: {why[:300]})") from None
+        datas = {p.id: self._read(p.id) for p in self.plan.partitions}
+        toolchains = {p.id: p.toolchain or _toolchain_of_target(self.plan, p.target)
+                      for p in self.plan.partitions}
+        self._input_specs: dict[str, FeedSpec] = {}
+        self._quantized = False
         try:
-            models = [onnx.load(str(f), load_external_data=False) for f in self.files.values()]
+            models = [onnx.load_from_string(d) for d in datas.values()]
             self._input_specs = _specs_of(models, self.plan.graph_inputs)
             self._quantized = any(quantized(m) for m in models)
-        except Exception as e:
-            raise PlanError(f"plan {self.plan_dir}: its graph inputs are not read by its "
-                            f"partition files ({type(e).__name__}: {str(e)[:200]})") from None
+            specs_error = None
+        except Exception as e:  # said after the toolchains had their say on the files
+            specs_error = PlanError(f"plan {self.plan_dir}: its graph inputs are not read by "
+                                    f"its partition files ({type(e).__name__}: "
+                                    f"{str(e)[:200]})")
+        self._fit_input_values()
+        #: the calibration the int8 partitions are built with (None: the plan has none)
+        self.calibration: CalibrationData | None = None
+        #: the whole model's ranges those partitions are quantised with (empty: none)
+        self.tensor_ranges: dict[str, tuple[float, float]] = {}
+        if specs_error is None and any(tc in INT8_TOOLCHAINS for tc in toolchains.values()):
+            self.calibration = calibration or CalibrationData.from_json(
+                self.plan.extra.get(CALIBRATION_KEY))
+            self.tensor_ranges = self.whole_model_ranges(self.calibration)
+        for p in self.plan.partitions:
+            self.partitions.append(self._runtime(p, toolchains[p.id], datas[p.id]))
+        if specs_error is not None:
+            raise specs_error
+        self._buffers: dict[str, Any] | None = None
+        self._shapes_bound: dict[str, tuple[int, ...]] = {}
+        self._keep: list[Any] = []
+        self._steps: list[Callable[[], None]] = []
+
+    def _read(self, pid: str) -> bytes:
+        f = self.files[pid]
+        try:
+            return f.read_bytes()
+        except OSError as e:
+            raise PlanError(f"partition {pid}: cannot read {f} ({e.strerror or e})") from None
+
+    def _fit_input_values(self) -> None:
         for name, v in self.input_values.items():  # each fits its input: ModelError if not
             spec = self._input_specs.get(name)
             if spec is not None:
                 self.input_values[name] = fit_value(
                     name, self.shapes.get(name, spec.shape), spec.dtype, v)
-        self._buffers: dict[str, Any] | None = None
-        self._shapes_bound: dict[str, tuple[int, ...]] = {}
-        self._keep: list[Any] = []
-        self._steps: list[Callable[[], None]] = []
+
+    def _runtime(self, p: PartitionEntry, tc: str, data: bytes) -> PartitionRuntime:
+        """Partition ``p`` on toolchain ``tc``, its int8 build with the whole model's ranges."""
+        try:
+            return make_runtime(p.id, p.target, tc, data, p.inputs, p.outputs, p.estimated_s,
+                                _target_options(self.plan, p.target), self.threads,
+                                tensor_ranges=self.tensor_ranges)
+        except PlanError:
+            raise
+        except Exception as e:  # a corrupt or swapped file: the toolchain's own words
+            why = " ".join(str(e).split())  # OpenVINO's errors span lines
+            raise PlanError(f"partition {p.id}: {self.files[p.id].name} does not load on {tc} "
+                            f"({type(e).__name__}: {why[:300]})") from None
+
+    def whole_model_ranges(self, calibration: CalibrationData
+                           ) -> dict[str, tuple[float, float]]:
+        """Per-tensor (min, max) of the original model run whole on ``calibration``'s samples
+        (`runners.calibration.calibrate`): the model loaded as the campaign loaded it (inputs
+        bound as plan.json's ``shapes`` and ``shapes``, fixed input values attached), so its
+        tensor names and ranges are those the campaign's int8 builds were costed with."""
+        return calibrate(load_graph(self.reference(), self._bound_shapes() or None),
+                         data=calibration)
+
+    def _bound_shapes(self) -> dict[str, Any]:
+        return {**(self.plan.extra.get("shapes") or {}), **self.shapes}
 
     @classmethod
     def from_runtimes(cls, runtimes: Sequence[PartitionRuntime], graph_inputs: Sequence[str],
@@ -186,6 +244,8 @@ class PlanExecutor:
         self.partitions = list(runtimes)
         self._input_specs = _specs_of([self.model_arg], graph_inputs)
         self._quantized = quantized(self.model_arg)
+        self.calibration = None
+        self.tensor_ranges = {}
         self._buffers = None
         self._shapes_bound = {}
         self._keep = []
@@ -292,7 +352,33 @@ class PlanExecutor:
                                     self.plan_dir, self.shapes)
         ref = reference_outputs(ref_model, self.plan.graph_outputs, feeds, self.threads)
         got = self.run(feeds)
-        return compare_outputs(got, ref, precision=self.precision)
+        return compare_outputs(got, ref, precision=self.precision, steps=self.int8_steps)
+
+    @property
+    def int8_steps(self) -> dict[str, float]:
+        """The graph outputs' int8 quantisation steps, for a plan whose int8 partitions are
+        built with the whole model's ranges (empty otherwise, and for a model that quantizes
+        itself: its own rounding is not in those ranges)."""
+        if not self.tensor_ranges or self._quantized:
+            return {}
+        return {n: int8_step(*self.tensor_ranges[n]) for n in self.plan.graph_outputs
+                if n in self.tensor_ranges}
+
+    @property
+    def tolerance(self) -> str:
+        """The output check's tolerance in words (`tolerance_label`)."""
+        return tolerance_label(self.precision, self.int8_steps)
+
+    def check_feeds(self) -> dict[str, np.ndarray]:
+        """The feeds `collage-farm run` checks on: the first sample of the calibration data
+        when it is the user's (random feeds would leave the range the int8 partitions were
+        calibrated for and saturate), else seeded random feeds (`random_feeds`)."""
+        cal = self.calibration
+        if cal is None or cal.source is not CalibrationSource.FILE:
+            return self.random_feeds()
+        graph = load_graph(self.reference(), self._bound_shapes() or None)
+        first = next(cal.feeds(graph))
+        return {n: np.asarray(first[n]) for n in self._input_specs if n in first}
 
     def measure(self, config: MeasureConfig | None = None,
                 feeds: Mapping[str, np.ndarray] | None = None) -> Timing:

@@ -12,8 +12,22 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
   10% relative on a near-zero logit): rtol=1e-2, atol=1e-2 x max|ref|;
 - fp16 (TensorRT ``fp16``, OpenVINO ``precision: f16``): rtol=2e-2, atol=2e-2 x max|ref|;
 - bf16 (OpenVINO ``precision: bf16``): rtol=5e-2, atol=5e-2 x max|ref|;
-- int8 (Ethos-U via its int8 TFLite, and any model that quantizes itself: `quantized`):
-  rtol=0.1, atol=0.1 x max|ref|.
+- int8 with known output ranges (a plan's Ethos-U NPU and Cortex-M host partitions, built as
+  int8 TFLite with the whole model's calibrated ranges): ``|got - ref| <= INT8_STEPS x step``,
+  ``step = (max(hi, 0) - min(lo, 0)) / 255`` the int8 quantisation step of the output's
+  calibrated range (`int8_step`). Why steps: the output is itself an int8 tensor, so rounding
+  it alone costs half a step, and every int8 tensor before it adds its own rounding, carried
+  forward by the layers after it. Measured (``bench/int8_check.py``) with the reference kernels
+  (`runners.runtime_sim`), whole-model ranges and 8 random calibration samples, on two feeds
+  each: 1.5-2.4 steps for mnist, 2.5-3.4 for resnet18 and 3.4-4.1 for mobilenet_v2 (both at
+  32x32; whole on the NPU or cut into 3 partitions alternating NPU and host: the same errors),
+  3.1-4.3 for a one-layer GPT-2 (Vela's split, 20 partitions, or 14), 3.8 for the 17-partition
+  plan a campaign wrote for it. 8 steps leaves about twice the largest of those; a wrong
+  wiring, a swapped or stale partition or a miscalibrated tensor (GPT-2's attention mask
+  quantised over [-10000, 4]: 47-52 steps; a partition calibrated on one sample and fed
+  another: 14-16) lands far beyond it;
+- int8 otherwise (any model that quantizes itself: `quantized`; no ranges known): rtol=0.1,
+  atol=0.1 x max|ref|.
 """
 
 from __future__ import annotations
@@ -33,11 +47,13 @@ from runners.ort import ort_session
 __all__ = [
     "FP32_ATOL",
     "FP32_RTOL",
+    "INT8_STEPS",
     "PRECISIONS",
     "QUANT_ATOL_FRAC",
     "QUANT_RTOL",
     "ExecutionMismatch",
     "compare_outputs",
+    "int8_step",
     "loosest",
     "quantized",
     "reference_model",
@@ -58,6 +74,15 @@ PRECISIONS: dict[str, tuple[float, float, bool]] = {
     "bf16": (5e-2, 5e-2, True),  # OpenVINO's bf16 hint: an 8-bit mantissa
     "int8": (QUANT_RTOL, QUANT_ATOL_FRAC, True),
 }
+
+
+#: int8 outputs with a calibrated range: tolerance in int8 steps of that range (docstring)
+INT8_STEPS = 8.0
+
+
+def int8_step(lo: float, hi: float) -> float:
+    """The int8 quantisation step of a calibrated range (which always includes 0)."""
+    return (max(hi, 0.0) - min(lo, 0.0)) / 255.0
 
 
 def loosest(precisions: Sequence[str]) -> str:
@@ -81,7 +106,12 @@ def quantized(model: onnx.ModelProto) -> bool:
     return any(n.op_type in QUANTIZING_OPS for n in model.graph.node)
 
 
-def tolerance_label(precision: str) -> str:
+def tolerance_label(precision: str, steps: Mapping[str, float] | None = None) -> str:
+    """``precision``'s tolerance in words; with ``steps`` (int8 outputs' quantisation steps)
+    the int8 tolerance in steps."""
+    if precision == "int8" and steps:
+        return (f"int8 ({INT8_STEPS:g} int8 steps of each output's calibrated range: "
+                + ", ".join(f"{k} atol={INT8_STEPS * v:.3g}" for k, v in steps.items()) + ")")
     rtol, atol, rel = PRECISIONS.get(precision, PRECISIONS["fp16"])
     return f"{precision} (rtol={rtol:g}, atol={atol:g}{'*max|ref|' if rel else ''})"
 
@@ -150,10 +180,13 @@ def reference_outputs(model: onnx.ModelProto, outputs: Sequence[str],
 
 
 def compare_outputs(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], *,
-                    precision: str = "fp32") -> dict[str, float]:
+                    precision: str = "fp32", steps: Mapping[str, float] | None = None
+                    ) -> dict[str, float]:
     """Max abs error per output; raises `ExecutionMismatch` outside ``precision``'s tolerance.
 
     ``precision`` is a key of `PRECISIONS` (unknown names are held to fp16's tolerance).
+    ``steps``: int8 outputs' quantisation steps (`int8_step`); under ``int8`` precision an
+    output with one is held to `INT8_STEPS` of them (module docstring).
     """
     rtol0, atol0, relative = PRECISIONS.get(precision, PRECISIONS["fp16"])
     errors: dict[str, float] = {}
@@ -178,6 +211,10 @@ def compare_outputs(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]
         rtol = rtol0
         atol = atol0 * float(np.max(np.abs(r64)) or 1.0) if relative else atol0
         label = f"{precision} tolerance rtol={rtol:g}, atol={atol:.3g}"
+        if precision == "int8" and steps and name in steps:
+            rtol, atol = 0.0, INT8_STEPS * steps[name]
+            label = (f"int8 tolerance {INT8_STEPS:g} steps of the output's calibrated range: "
+                     f"atol={atol:.3g}, max abs error = {max_abs / steps[name]:.1f} steps")
         nan_differs = bool(np.isnan(g64).any() != np.isnan(r64).any())
         if nan_differs or not np.all(diff <= atol + rtol * np.abs(r64)):
             raise ExecutionMismatch(name, max_abs, max_rel, label)

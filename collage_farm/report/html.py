@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from collage_farm.core.calibration_data import describe as describe_calibration
 from collage_farm.core.plan import Plan, load_plan
 from collage_farm.report.plots import cost_chart, draw_plan_graph, plot_bars, target_colors
 from collage_farm.report.summary import (
@@ -108,6 +109,10 @@ def _header(plan: Plan, summary: Mapping[str, Any], n_targets: int) -> list[str]
     h.append(f"<p>{plural(len(plan.partitions), 'partition')} over "
              f"{plural(n_targets, 'target')}; costs from <b>{_e(plan.estimator)}</b>, "
              f"transitions <b>{_e(plan.transition)}</b>.</p>")
+    cal = plan.extra.get("int8_calibration")
+    if isinstance(cal, Mapping):
+        h.append(f"<p id='calibration'>int8 builds calibrated on the whole model, "
+                 f"{_e(describe_calibration(cal))}.</p>")
     return h
 
 
