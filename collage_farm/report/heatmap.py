@@ -7,7 +7,8 @@ merged into runs (their figures summed). Columns are the campaign's targets. A c
 its cost on one log scale for the whole table (light: cheap, dark: expensive); the figure comes
 from `collage_farm.report.nodecosts` and says how it was obtained ("≈": a share of a larger
 candidate; "◆": profiled in network; otherwise the node alone). A cell with no figure is grey
-and says why ("no data", or a failed row's status). The row's cheapest target is starred.
+and says why ("no data", a failed row's status, or "in a 36-node block": measured only inside
+larger candidates). The row's cheapest target is starred.
 The table is plain HTML with fixed column widths, so a long node name is cut with an ellipsis
 (its full name on hover) instead of widening the page.
 """
@@ -96,11 +97,18 @@ def _cell(row: HeatRow, target: str, costs: Mapping[tuple[str, str], NodeCost]
                 if c is not None and list(Source).index(c.source) > list(Source).index(worst):
                     worst = c.source
         else:
-            failed = failed or next((status_words(c.status) for c in got
-                                     if c is not None and c.source is Source.FAILED), "")
+            failed = failed or next((_why(c) for c in got if c is not None), "")
     if not sums:
         return None, "", failed or "no data"
     return statistics.median(sums), _MARK.get(worst, ""), ""
+
+
+def _why(c: NodeCost) -> str:
+    """Why a node has no figure: a failed row's status, or the smallest candidate it was
+    measured in."""
+    if c.source is Source.COARSE:
+        return f"in a {c.of_nodes}-node block"
+    return status_words(c.status) if c.source is Source.FAILED else ""
 
 
 def _colour(v: float, lo: float, hi: float) -> tuple[str, str]:

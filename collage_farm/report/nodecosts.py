@@ -5,12 +5,16 @@ the table holds, in this order (`Source`):
 
 1. ``SINGLE``: the newest ok row of a one-node candidate: that node alone, as measured
    (or simulated, analytic: the row's ``kind`` says which);
-2. ``PROFILE``: the newest profile row of that target (`runners.profile`): the node's seconds
-   inside the whole model, scaled to the unprofiled whole-model time; a kernel the toolchain
-   fused over several nodes is shared evenly among them;
+2. ``PROFILE``: the newest profile row of that target (`runners.profile`) that the profiled
+   estimator accepts: the node's seconds inside the whole model, scaled to the unprofiled
+   whole-model time; a kernel the toolchain fused over several nodes is shared evenly among
+   them (`estimators.profiled.TargetProfile`);
 3. ``SHARE``: an even share of the smallest ok candidate covering the node on that target (a
-   search with lower-bound pruning measures few one-node candidates): approximate, and shown so;
-4. ``FAILED``: no figure, but a failed one-node row: its status ("unsupported", ...).
+   search with lower-bound pruning measures few one-node candidates), when that candidate has
+   at most `MAX_SHARE_NODES` nodes: approximate, and shown so;
+4. ``COARSE``: no figure: the node was measured only inside larger candidates (``of_nodes``:
+   the smallest), where an even share would paint a whole block one colour;
+5. ``FAILED``: no figure, but a failed one-node row: its status ("unsupported", ...).
 
 A (node, target) with none of these has no `NodeCost`.
 """
@@ -26,9 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from collage_farm.costtable import CostTable
+from estimators.profiled import TargetProfile
 from runners.profile import PROFILE_DETAIL, PROFILE_PREFIX, OperatorProfile
 
-__all__ = ["NodeCost", "Source", "node_costs"]
+__all__ = ["MAX_SHARE_NODES", "NodeCost", "Source", "node_costs"]
+
+#: the largest candidate whose cost is shared out among its nodes
+MAX_SHARE_NODES = 8
 
 
 class Source(enum.Enum):
@@ -37,12 +45,14 @@ class Source(enum.Enum):
     SINGLE = "single"
     PROFILE = "profile"
     SHARE = "share"
+    COARSE = "coarse"
     FAILED = "failed"
 
 
 @dataclass(frozen=True)
 class NodeCost:
-    """One node's figure on one target: ``seconds`` (None when ``source`` is ``FAILED``),
+    """One node's figure on one target: ``seconds`` (None when ``source`` is ``COARSE`` or
+    ``FAILED``),
     the row's ``kind`` (measured, simulated, ...), ``status`` and, for a share, the size of
     the candidate it is a share of (``of_nodes``)."""
 
@@ -71,17 +81,14 @@ def _ok(r: Mapping[str, Any]) -> bool:
 
 
 def _profiled(r: Mapping[str, Any]) -> dict[str, float]:
-    """Node -> seconds of one profile row, scaled to its unprofiled whole-model time."""
+    """Node -> seconds of one profile row as the profiled estimator reads it
+    (`estimators.profiled.TargetProfile.of`: scaled to the unprofiled whole-model time, a
+    fused kernel shared evenly); empty when that estimator rejects the profile."""
     try:
         prof = OperatorProfile.from_json(json.loads(r["details"] or "{}")[PROFILE_DETAIL])
-    except (KeyError, ValueError, TypeError):
+        return dict(TargetProfile.of(prof).node_s)
+    except (KeyError, ValueError, TypeError):  # ProfileRejected is a ValueError
         return {}
-    scale = 1.0 / prof.ratio if math.isfinite(prof.ratio) and prof.ratio > 0 else 1.0
-    out: dict[str, float] = {}
-    for nodes, s in prof.groups:
-        for n in nodes:
-            out[n] = out.get(n, 0.0) + s * scale / len(nodes)
-    return out
 
 
 def node_costs(table_dir: Path, model: str, nodes: Iterable[str]
@@ -110,6 +117,8 @@ def node_costs(table_dir: Path, model: str, nodes: Iterable[str]
             for n in ns:
                 old = share.get((n, t))
                 if n in want and (old is None or len(ns) <= old.of_nodes):
-                    share[(n, t)] = NodeCost(float(r["median"]) / len(ns), Source.SHARE,
-                                             str(r["kind"]), of_nodes=len(ns))
+                    share[(n, t)] = (
+                        NodeCost(float(r["median"]) / len(ns), Source.SHARE, str(r["kind"]),
+                                 of_nodes=len(ns)) if len(ns) <= MAX_SHARE_NODES
+                        else NodeCost(None, Source.COARSE, str(r["kind"]), of_nodes=len(ns)))
     return {**failed, **share, **profile, **single}

@@ -9,6 +9,7 @@ target. The cost rows are written to a real Parquet table by the real writer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from datetime import datetime, timedelta, timezone
@@ -91,26 +92,33 @@ def test_node_costs_take_the_best_source(tmp_path: Path) -> None:
              details={PROFILE_DETAIL: prof.to_json()}),
         _row("pair", "ov", ["a", "b"], 8e-3, 2), _row("triple", "ov", ["a", "b", "c"], 9e-3, 2),
         _row("fail", "ov", ["d"], None, 3, status="unsupported"),
+        # a node measured only inside a 10-node candidate: no even share of a whole block
+        _row("big", "ort", ["e"] + [f"x{i}" for i in range(9)], 1e-2, 2),
+        # a profile whose per-operator sum is twice the whole model: the estimator rejects it
+        _row(PROFILE_PREFIX + "y", "ov2", ["a", "b", "c"], 3e-3, 1, kind="profiled",
+             details={PROFILE_DETAIL: dataclasses.replace(prof, whole_s=3e-3).to_json()}),
     ]
     with CostTableWriter(tmp_path / "costs", background=False) as w:
         w.extend(rows)
-    c = node_costs(tmp_path / "costs", "m", ["a", "b", "c", "d"])
+    c = node_costs(tmp_path / "costs", "m", ["a", "b", "c", "d", "e"])
     assert c[("a", "ort")].seconds == 1e-3 and c[("a", "ort")].source is Source.SINGLE
     assert c[("b", "ort")].source is Source.PROFILE and c[("b", "ort")].seconds == 2e-3
     assert c[("a", "ov")].source is Source.SHARE and c[("a", "ov")].of_nodes == 2
     assert c[("a", "ov")].seconds == 4e-3
     assert c[("c", "ov")].source is Source.SHARE and c[("c", "ov")].of_nodes == 3
     assert c[("d", "ov")].source is Source.FAILED and c[("d", "ov")].status == "unsupported"
-    assert ("d", "ort") not in c
-    flow = [FlowNode(n, f"X{n}", "p0", "ort", (1,), n == "a") for n in "abcd"]
+    assert ("d", "ort") not in c and not [k for k in c if k[1] == "ov2"]
+    assert c[("e", "ort")].source is Source.COARSE and c[("e", "ort")].seconds is None
+    flow = [FlowNode(n, f"X{n}", "p0", "ort", (1,), n == "a") for n in "abcde"]
     page = heatmap_html(heat_rows(collapse(flow), {f.name: f.op for f in flow}), ["ort", "ov"],
-                        c, {n: "ort" for n in "abcd"})
+                        c, {n: "ort" for n in "abcde"})
     cells = [x for x in re.findall(r"<td class='(?:num|nodata)[^']*'[^>]*>([^<]*)</td>", page)
              if x]  # the count column is empty for single nodes
     # a: the one-node row on ort beats a's share of the pair on ov (8 ms / 2)
     assert cells[:2] == ["1 ★", "≈4"]
     assert cells[2] == "◆2 ★" and cells[3] == "≈4"  # b: profiled on ort, share on ov
-    assert cells[6:] == ["no data", "unsupported"]  # d: nothing on ort, failed on ov
+    assert cells[6:8] == ["no data", "unsupported"]  # d: nothing on ort, failed on ov
+    assert cells[8] == "in a 10-node block"
     assert "class='num chosen'" in page
 
 
