@@ -30,8 +30,7 @@ import onnx
 
 from collage_farm.core.plan import Plan
 
-__all__ = ["MAX_PERIOD", "FlowNode", "Repeat", "collapse", "flat_nodes", "plan_flow",
-           "structure_keys"]
+__all__ = ["MAX_PERIOD", "FlowNode", "Repeat", "collapse", "plan_flow", "structure_keys"]
 
 #: the longest block `collapse` looks for (nodes); longer repeats are left expanded
 MAX_PERIOD = 400
@@ -117,11 +116,6 @@ def _best_period(full: Sequence[int], base: Sequence[int], i: int, max_period: i
         if p * c > best[0] * best[1]:
             best = (p, c)
     return best
-
-
-def flat_nodes(item: FlowNode | Repeat) -> list[str]:
-    """The node names ``item`` stands for in its first repetition."""
-    return [item.name] if isinstance(item, FlowNode) else list(item.members[0])
 
 
 def collapse(nodes: Sequence[FlowNode], max_period: int = MAX_PERIOD, depth: int = 2
