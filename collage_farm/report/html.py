@@ -139,8 +139,7 @@ def _story_card(page: _Page) -> list[str]:
         if ln.section is not last:
             h.append(f"<h3>{_e(SECTION_TITLES[ln.section])}</h3>")
             last = ln.section
-        cls = " class='plan'" if ln.section is Section.PLAN else ""
-        h.append(f"<p{cls}>{_e(ln.text)}</p>")
+        h.append(f"<p>{_e(ln.text)}</p>")
     h.append("</div>")
     return h
 
