@@ -19,6 +19,7 @@ from typing import Any
 __all__ = ["headline_html", "speedup_words"]
 
 _e = html.escape
+MINE = "this is the written plan"
 
 
 def speedup_words(ratio: float, low: float | None = None, high: float | None = None,
@@ -35,7 +36,7 @@ def speedup_words(ratio: float, low: float | None = None, high: float | None = N
     return f"{head} (95% interval {lo:.2f}–{hi:.2f}×, {pairs} paired rounds)"
 
 
-def _rows(summary: Mapping[str, Any], measured: Mapping[str, Any] | None
+def _rows(summary: Mapping[str, Any], measured: Mapping[str, Any] | None, written: str
           ) -> tuple[float | None, list[tuple[str, float, str]]]:
     """(the written plan's measured seconds, [(plan, measured seconds, speed-up words)])."""
     m = measured or {}
@@ -51,7 +52,7 @@ def _rows(summary: Mapping[str, Any], measured: Mapping[str, Any] | None
             words = speedup_words(float(cmp["ratio"]), cmp.get("low"), cmp.get("high"),
                                   int(cmp.get("pairs") or 0))
         elif plan_s and name not in vs and abs(float(v) - float(plan_s)) < 1e-15:
-            words = "this is the written plan"
+            words = MINE
         else:
             words = speedup_words(float(plan_s) / float(v)) if plan_s else "-"
         rows.append((f"{name} whole", float(v), words))
@@ -62,6 +63,8 @@ def _rows(summary: Mapping[str, Any], measured: Mapping[str, Any] | None
             rows.append((str(cmp.get("plan") or name), float(v), speedup_words(
                 float(cmp["ratio"]), cmp.get("low"), cmp.get("high"),
                 int(cmp.get("pairs") or 0))))
+    if plan_s is not None and not any(r[2] == MINE for r in rows):
+        rows.append((written, float(plan_s), MINE))
     rows.sort(key=lambda r: r[1])
     return (float(plan_s) if plan_s is not None else None), rows
 
@@ -69,7 +72,7 @@ def _rows(summary: Mapping[str, Any], measured: Mapping[str, Any] | None
 def headline_html(written: str, summary: Mapping[str, Any],
                   measured: Mapping[str, Any] | None, estimated_s: float | None) -> list[str]:
     """The headline block (module doc) for the written plan labelled ``written``."""
-    plan_s, rows = _rows(summary, measured)
+    plan_s, rows = _rows(summary, measured, written)
     h = [f"<p class='plan'>Written plan: {_e(written)}</p>"]
     if plan_s is None:
         est = "-" if estimated_s is None else f"{estimated_s * 1e3:.4g} ms"
@@ -86,7 +89,7 @@ def headline_html(written: str, summary: Mapping[str, Any],
              "<tr><th>plan</th><th>measured latency</th><th>ms</th>"
              "<th>written plan vs it</th></tr>")
     for name, v, words in rows:
-        mine = " mine" if words == "this is the written plan" else ""
+        mine = " mine" if words == MINE else ""
         h.append(f"<tr><td>{_e(name)}</td><td><span class='bar{mine}' "
                  f"style='width:{100 * v / top:.1f}%'></span></td>"
                  f"<td class='num'>{v * 1e3:.4g}</td><td>{_e(words)}</td></tr>")

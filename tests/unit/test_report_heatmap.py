@@ -24,7 +24,7 @@ from collage_farm.costtable import CostTableWriter
 from collage_farm.execute.builder import Part
 from collage_farm.report import write_report
 from collage_farm.report.flow import FlowNode, Repeat, collapse, plan_flow
-from collage_farm.report.headline import speedup_words
+from collage_farm.report.headline import headline_html, speedup_words
 from collage_farm.report.heatmap import MAX_ROWS, heat_rows, heatmap_html
 from collage_farm.report.nodecosts import Source, node_costs
 from runners.profile import PROFILE_DETAIL, PROFILE_PREFIX, OperatorProfile, ProfileMethod
@@ -120,6 +120,18 @@ def test_node_costs_take_the_best_source(tmp_path: Path) -> None:
     assert cells[6:8] == ["no data", "unsupported"]  # d: nothing on ort, failed on ov
     assert cells[8] == "in a 10-node block"
     assert "class='num chosen'" in page
+
+
+def test_headline_of_a_mix_has_its_own_bar_and_each_speedup() -> None:
+    s = {"plan_measured_s": 1e-3, "singles_measured_s": {"ort-cpu": 2e-3, "openvino-cpu": 3e-3},
+         "written_plan_vs": {"ort-cpu": {"ratio": 0.5, "low": 0.45, "high": 0.55, "pairs": 7},
+                             "openvino-cpu": {"ratio": 1 / 3, "low": None, "high": None}}}
+    page = "".join(headline_html("a mix of 2 partitions", s, None, 9e-4))
+    names = re.findall(r"<tr><td>([^<]*)</td>", page)
+    assert names == ["a mix of 2 partitions", "ort-cpu whole", "openvino-cpu whole"]
+    assert "class='bar mine'" in page and "2.00× faster (95% interval 1.82–2.22×" in page
+    assert "3.00× faster (one run, no interval)" in page
+    assert "0.9 ms" not in page  # measured: the estimate is not the headline figure
 
 
 def test_speedup_words() -> None:
