@@ -13,6 +13,7 @@ matplotlib is imported inside the drawing functions: it is slow to import, and m
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,8 +229,6 @@ def plot_bars(rows: Sequence[tuple[str, float]], path: Path, title: str,
     blue; ``notes`` (e.g. which targets failed and why) are printed under the chart, each cut
     to two lines. The parent directory of ``path`` is created.
     """
-    import textwrap
-
     plt = _pyplot()
     wrapped = [textwrap.shorten(n, 220, placeholder=" ...") for n in notes]
     lines = [ln for n in wrapped for ln in textwrap.wrap(n, 110)]
