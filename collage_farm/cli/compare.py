@@ -150,7 +150,9 @@ def _print_compare(model: str, rows: list[tuple[str, float]], cmp: CompareResult
 def _print_board(model: str, out: dict[str, Any], args: argparse.Namespace) -> int:
     rows = list(out["simulated_s"].items())
     if args.plot and rows:
-        out["plot"] = str(plot_bars(rows, Path(args.plot), f"{model}: simulated latency"))
+        notes = [f"{k}: no figure: {' '.join(str(e).split())}" for k, e in out["errors"].items()]
+        out["plot"] = str(plot_bars(rows, Path(args.plot), f"{model}: simulated latency",
+                                    notes=notes))
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
