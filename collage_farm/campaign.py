@@ -491,6 +491,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "search_s": first_search_s + (confirm_info or {}).get("search_s", 0.0),
         "wall_s": t_end - t_start,
         "plan": str(Path(opts.out) / "plan.json"),
+        "cost_table": str(table) if table is not None else None,  # the report's heat map
     }
     summary["confirm"] = confirm_info
     summary[CALIBRATION_KEY] = plan.extra.get(CALIBRATION_KEY)

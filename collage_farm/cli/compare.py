@@ -6,22 +6,25 @@ where it applies, and optionally a plan), printed as a table, JSON and a PNG bar
 largest spread first (where the choice of toolchain matters most).
 
 On a simulated Ethos-U board (``--targets`` an NPU and its Cortex-M host) nothing can be timed
-here: the table gives simulated figures instead (`simulated_board`): each target's whole model
-(where it takes every node), **Vela whole** (Vela's own NPU / host split,
-`collage_farm.postsearch.vela_whole`) and, with ``--plan``, the plan's estimate, all costed by
-the same builds (real Vela compiles, the host's cycle model) and the board's transition model.
+here: the table gives simulated figures instead (`collage_farm.cli.compare_board.
+simulated_board`): each target's whole model (where it takes every node), **Vela whole** (Vela's
+own NPU / host split, `collage_farm.postsearch.vela_whole`) and, with ``--plan``, the plan's
+estimate. Ethos-U parts listed beside timed targets get their simulated whole-model figure
+(`simulated_wholes`: an NPU's is Vela whole on its board), printed after the timings and marked
+"(simulated)" in the chart. Every target that failed is printed with why, and listed under the
+chart.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from collage_farm.campaign import build_specs, tensor_ranges_provider
+from collage_farm.campaign import build_specs
+from collage_farm.cli.compare_board import simulated_board, simulated_wholes
 from collage_farm.cli.inputs import (
     add_calibration_arg,
     add_input_arg,
@@ -29,24 +32,17 @@ from collage_farm.cli.inputs import (
     input_values,
 )
 from collage_farm.cli.measure import add_measure_args, fmt_ms, measure_config
-from collage_farm.config import builtin_system_for
-from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.graph import DataflowGraph, parse_shape
 from collage_farm.core.plan import load_plan
 from collage_farm.core.rules import RuleOptions, all_candidates
-from collage_farm.core.search import NoCoverError, search
-from collage_farm.core.subgraph import SubGraph
-from collage_farm.core.target import Target, parse_targets
-from collage_farm.core.transition import AnalyticTransitionModel
-from collage_farm.costtable import CostTable, TableStore
+from collage_farm.core.target import EMBEDDED_TOOLCHAINS, Target, parse_targets
+from collage_farm.costtable import CostTable
 from collage_farm.execute import CompareResult, PlanExecutor, Single, compare_interleaved
-from collage_farm.postsearch.vela_whole import FIGURES, Board, ethos_u_board, vela_whole
+from collage_farm.postsearch.vela_whole import FIGURES, ethos_u_board
 from collage_farm.report import plot_bars, plot_spread
 from collage_farm.zoo.source import load_source
 from estimators.int8_ranges import int8_calibration
-from estimators.local import LocalService
-from estimators.measured import FarmEstimator
 
 __all__ = ["add_compare_parser", "run_compare", "simulated_board", "subgraph_spread"]
 
@@ -85,7 +81,10 @@ def run_compare(args: argparse.Namespace) -> int:
     if board is not None:
         return _print_board(graph.name, simulated_board(graph, targets, board, args.plan,
                                                         calibration), args)
-    singles = [Single.of(t) for t in targets]  # labelled by target, built with its options
+    # Ethos-U parts beside timed targets: simulated figures, printed apart (compare_board)
+    sim_s, sim_errors = simulated_wholes(graph, targets, calibration)
+    singles = [Single.of(t) for t in targets  # labelled by target, built with its options
+               if t.toolchain not in EMBEDDED_TOOLCHAINS]
     spread: list[dict] | None = None
     if args.cost_table:
         plan_parts = None
@@ -100,6 +99,10 @@ def run_compare(args: argparse.Namespace) -> int:
                               threads=args.threads)
     out = {"model": graph.name, "toolchains": [t.toolchain for t in targets],
            "targets": [t.id for t in targets], **cmp.to_json()}
+    out["single_errors"] = {**out["single_errors"], **sim_errors}
+    if sim_s or sim_errors:
+        out["simulated_s"] = sim_s
+        out["simulated_figures"] = FIGURES
     if spread is not None:
         out["subgraphs"] = spread
         if args.plot and spread:
@@ -110,13 +113,27 @@ def run_compare(args: argparse.Namespace) -> int:
         rows.append(("ort-multi-ep", cmp.ort_multi_ep["measured_s"]))
     if cmp.plan is not None:
         rows.append(("plan", cmp.plan.total_s))
+    sim_rows = [(_sim_label(k, targets), v) for k, v in sim_s.items()]
     if args.plot:
-        out["plot"] = str(plot_bars(rows, Path(args.plot), f"{graph.name}: whole-model latency"))
+        notes = [f"{k}: failed: {' '.join(str(e).split())}" for k, e in
+                 out["single_errors"].items()]
+        out["plot"] = str(plot_bars(rows + sim_rows, Path(args.plot),
+                                    f"{graph.name}: whole-model latency (measured here"
+                                    + ("; simulated figures marked" if sim_rows else "") + ")",
+                                    notes=notes))
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     else:
         _print_compare(graph.name, rows, cmp, out, spread, args)
+        for k, v in sim_rows:
+            print(f"  {k:14s} {fmt_ms(v):>14s}  ({FIGURES})")
     return 0
+
+
+def _sim_label(target_id: str, targets: Sequence[Target]) -> str:
+    """How a simulated figure is named: an NPU's is its Vela-whole plan."""
+    tc = next((t.toolchain for t in targets if t.id == target_id), "")
+    return f"{target_id} {'Vela whole' if tc == 'vela' else 'whole'} (simulated)"
 
 
 def _print_compare(model: str, rows: list[tuple[str, float]], cmp: CompareResult,
@@ -127,8 +144,8 @@ def _print_compare(model: str, rows: list[tuple[str, float]], cmp: CompareResult
     for k, v in rows:
         rel = f"{v / best:6.2f}x" if best else ""
         print(f"  {k:14s} {fmt_ms(v):>14s}  {rel}")
-    for k, e in cmp.single_errors.items():
-        print(f"  {k:14s} failed: {e}")
+    for k, e in out["single_errors"].items():
+        print(f"  {k:14s} failed: {' '.join(str(e).split())[:300]}")
     print(f"  ORT multi-EP: {cmp.ort_multi_ep.get('note', '')}")
     if cmp.additive_error is not None:
         print(f"plan additive error {cmp.additive_error:+.1%}, apparent loss "
@@ -141,45 +158,12 @@ def _print_compare(model: str, rows: list[tuple[str, float]], cmp: CompareResult
             print(f"sub-graph plot: {out['subgraph_plot']}")
 
 
-def simulated_board(graph: DataflowGraph, targets: Sequence[Target], board: Board,
-                    plan: str | None = None, calibration: CalibrationData | None = None
-                    ) -> dict[str, Any]:
-    """Simulated whole-model figures on an Ethos-U board: each target alone, Vela whole and
-    (``plan``: a plan directory) the plan's own estimate; failures as text. int8 builds are
-    calibrated on ``calibration`` (seeded random by default)."""
-    cfg = builtin_system_for(targets)
-    transition = cfg.transition if cfg is not None else AnalyticTransitionModel()
-    rows: dict[str, float] = {}
-    errors: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        est = FarmEstimator(LocalService(sorted({t.toolchain for t in targets})),
-                            TableStore(Path(tmp) / "costs", campaign_id="compare"),
-                            model=graph.name, prune=False,
-                            tensor_ranges_for=tensor_ranges_provider(graph, targets,
-                                                                     calibration))
-        try:
-            for t in targets:
-                whole = CandidatePartition(SubGraph(graph, graph.all_mask), t, rule="single")
-                try:
-                    rows[t.id] = search(graph, [whole], est, transition, lazy=False).total_s
-                except NoCoverError:
-                    errors[t.id] = est.why_invalid(whole) or "does not take every node"
-            try:
-                rows["vela-whole"] = vela_whole(graph, board, est, transition).total_s
-            except ValueError as e:
-                errors["vela-whole"] = str(e)
-        finally:
-            est.close()
-    if plan is not None:
-        rows["plan"] = float(load_plan(plan)[0].estimated_total_s)
-    return {"model": graph.name, "figures": FIGURES, "transition": transition.label,
-            "simulated_s": rows, "errors": errors}
-
-
 def _print_board(model: str, out: dict[str, Any], args: argparse.Namespace) -> int:
     rows = list(out["simulated_s"].items())
     if args.plot and rows:
-        out["plot"] = str(plot_bars(rows, Path(args.plot), f"{model}: simulated latency"))
+        notes = [f"{k}: no figure: {' '.join(str(e).split())}" for k, e in out["errors"].items()]
+        out["plot"] = str(plot_bars(rows, Path(args.plot), f"{model}: simulated latency",
+                                    notes=notes))
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0

@@ -16,11 +16,18 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collage_farm.core.calibration_data import describe as describe_calibration
 from collage_farm.core.plan import Plan, load_plan
+from collage_farm.report.flow import FlowNode, collapse, plan_flow
+from collage_farm.report.graphsvg import graph_svg
+from collage_farm.report.headline import headline_html
+from collage_farm.report.heatmap import heat_rows, heatmap_html
+from collage_farm.report.labels import SUMMARY_KEYS, SUMMARY_LABELS, label, status_words
+from collage_farm.report.nodecosts import node_costs
 from collage_farm.report.plots import cost_chart, draw_plan_graph, plot_bars, target_colors
 from collage_farm.report.summary import (
     Section,
@@ -33,27 +40,13 @@ from collage_farm.report.summary import (
 
 __all__ = ["SUMMARY_KEYS", "SUMMARY_LABELS", "write_report"]
 
-SUMMARY_KEYS = ("nodes", "candidates", "distinct_fingerprints", "costs_requested", "measured",
-                "cache_hits", "pruned", "analytic", "failed", "states_expanded", "search_s",
-                "post_search_s", "wall_s")
-
-#: how the report names each of `SUMMARY_KEYS`
-SUMMARY_LABELS = {
-    "nodes": "model nodes", "candidates": "candidate partitions",
-    "distinct_fingerprints": "distinct candidates (fingerprints)",
-    "costs_requested": "costs asked for", "measured": "candidates measured now",
-    "cache_hits": "costs answered by the cost table", "pruned": "pruned by the lower bound",
-    "analytic": "analytic estimates", "failed": "candidates that failed",
-    "states_expanded": "search states expanded", "search_s": "search time (s)",
-    "post_search_s": "refine and never-worse time (s)", "wall_s": "campaign wall time (s)",
-}
-
 #: the heading of each part of the story
 SECTION_TITLES = {Section.PLAN: "Written plan", Section.SINGLES: "Each toolchain alone",
                   Section.DECISION: "Decision", Section.ESTIMATE: "The search's estimate",
                   Section.HISTORY: "How the search got there"}
 
 _CSS = """
+*{box-sizing:border-box}
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;
 color:#222;overflow-wrap:anywhere}
 table{border-collapse:collapse;margin:0.5em 0 1.5em;max-width:100%}
@@ -61,13 +54,36 @@ td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left;verti
 th{background:#f0f0f0;font-weight:600}.num{text-align:right;font-variant-numeric:tabular-nums;
 white-space:nowrap}
 .sw{display:inline-block;width:10px;height:10px;margin-right:4px}
-img{max-width:100%;height:auto;border:1px solid #ddd}.warn{color:#a33}
+img,svg{max-width:100%;height:auto}img{border:1px solid #ddd}.warn{color:#a33}
+.note{color:#555;font-size:13px}
 .card{border:1px solid #bbb;border-radius:6px;padding:0.6em 1.2em;margin:1em 0;
 background:#fafbfd}.card h3{margin:0.8em 0 0.2em;font-size:14px;color:#555}
 .card p{margin:0.2em 0}.card .plan{font-size:18px;font-weight:600}
+.big{font-size:28px;font-weight:700;margin:0.1em 0}
+table.vs{width:100%;table-layout:fixed}table.vs td{border:none;border-bottom:1px solid #e4e4e4}
+.bar{display:block;height:12px;border-radius:3px;background:#4e79a7}.bar.mine{background:#d62728}
+table.heat{width:100%;table-layout:fixed}table.heat td{padding:2px 5px;font-size:12px}
+td.node{overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+td.nodata{background:#e6e6e6;color:#777;font-size:11px;white-space:nowrap;overflow:hidden}
+td.chosen{outline:2px solid #d62728;outline-offset:-2px}
+.legend span{margin-right:1.2em;white-space:nowrap}
+#partitions td:nth-child(-n+3),#partitions th:nth-child(-n+3){white-space:nowrap}
 """
 
 _e = html.escape
+
+
+@dataclass(frozen=True)
+class _Page:
+    """What the page's sections read: the plan directory, its plan and partition files'
+    nodes in execution order (`plan_flow`), the summary, the run's figures, the cost table."""
+
+    root: Path
+    plan: Plan
+    summary: Mapping[str, Any]
+    measured: Mapping[str, Any] | None
+    flow: list[FlowNode]
+    cost_table: Path | None
 
 
 def _png_uri(path: Path) -> str:
@@ -106,9 +122,9 @@ def _header(plan: Plan, summary: Mapping[str, Any], n_targets: int) -> list[str]
          f"<h1>Plan for {_e(plan.model)}</h1>"]
     if "mock" in (plan.estimator or "") or summary.get("estimator") == "mock":
         h.append("<p class='warn'>Estimates come from the MOCK estimator: not measurements.</p>")
+    trans = f", transitions <b>{_e(plan.transition)}</b>" if plan.transition else ""
     h.append(f"<p>{plural(len(plan.partitions), 'partition')} over "
-             f"{plural(n_targets, 'target')}; costs from <b>{_e(plan.estimator)}</b>, "
-             f"transitions <b>{_e(plan.transition)}</b>.</p>")
+             f"{plural(n_targets, 'target')}; costs from <b>{_e(plan.estimator)}</b>{trans}.</p>")
     cal = plan.extra.get("int8_calibration")
     if isinstance(cal, Mapping):
         h.append(f"<p id='calibration'>int8 builds calibrated on the whole model, "
@@ -116,18 +132,19 @@ def _header(plan: Plan, summary: Mapping[str, Any], n_targets: int) -> list[str]
     return h
 
 
-def _story_card(lines: Sequence[StoryLine]) -> list[str]:
-    """The story (`collage_farm.report.summary`) as the page's headline card, in its order."""
-    if not lines:
-        return []
+def _story_card(page: _Page) -> list[str]:
+    """The headline (`collage_farm.report.headline`) and the story
+    (`collage_farm.report.summary`, in its order) as the page's first card."""
+    lines = _story_of(page.plan, page.summary, page.measured)
     h = ["<div class='card' id='story'>"]
+    written = str(page.summary.get("written_plan") or _label(page.plan))
+    h += headline_html(written, page.summary, page.measured, page.plan.estimated_total_s)
     last: Section | None = None
     for ln in lines:
         if ln.section is not last:
             h.append(f"<h3>{_e(SECTION_TITLES[ln.section])}</h3>")
             last = ln.section
-        cls = " class='plan'" if ln.section is Section.PLAN else ""
-        h.append(f"<p{cls}>{_e(ln.text)}</p>")
+        h.append(f"<p>{_e(ln.text)}</p>")
     h.append("</div>")
     return h
 
@@ -154,13 +171,13 @@ def _campaign(summary: Mapping[str, Any]) -> list[str]:
     if not stats:
         return []
     h = ["<h2>Campaign</h2><table id='campaign'>"
-         + "".join(f"<tr><th>{_e(SUMMARY_LABELS.get(k, k))}</th><td class='num'>{_fmt(v)}"
+         + "".join(f"<tr><th>{_e(label(k))}</th><td class='num'>{_fmt(v)}"
                    "</td></tr>" for k, v in stats)
          + "</table>"]
     fbs = summary.get("failed_by_status") or {}
     if fbs:
         h.append("<p>Failures by status: " + ", ".join(
-            f"{_e(str(k))}: {_fmt(v)}" for k, v in sorted(fbs.items())) + "</p>")
+            f"{_e(status_words(str(k)))}: {_fmt(v)}" for k, v in sorted(fbs.items())) + "</p>")
     return h
 
 
@@ -188,10 +205,10 @@ def _measured_rows(plan: Plan, summary: Mapping[str, Any], measured: Mapping[str
             mix = f"written plan ({w})"
         rows.append((f"apparent loss: {mix} vs {measured.get('best_single')} whole",
                      f"{al:+.1%}"))
-    for key, label in (("dijkstra_measured_s", f"{dl} measured (ms)"),
-                       ("refined_measured_s", "refined plan measured (ms)")):
+    for key, name in (("dijkstra_measured_s", f"{dl} measured (ms)"),
+                      ("refined_measured_s", "refined plan measured (ms)")):
         if measured.get(key) is not None:
-            rows.append((label, _ms(measured[key])))
+            rows.append((name, _ms(measured[key])))
     return rows
 
 
@@ -264,29 +281,80 @@ def _partitions(plan: Plan, measured: Mapping[str, Any] | None) -> list[str]:
     return h
 
 
+def _graph(page: _Page) -> list[str]:
+    """The plan's graph, compact (`collage_farm.report.graphsvg`), and the legend."""
+    colors = target_colors(page.plan)
+    items = collapse(page.flow)
+    n = len(page.flow)
+    h = [f"<h2>Graph</h2><p class='note'>{plural(n, 'node')} in execution order, left to "
+         "right; bands are partitions, box outlines their targets; a dashed frame is a "
+         "block repeated as many times as its badge says, drawn once. Hover a box for its "
+         "node.</p>",
+         graph_svg(items, colors, f"{page.plan.model}: {plural(n, 'node')} in "
+                                  f"{plural(len(page.plan.partitions), 'partition')}"),
+         "<p class='legend'>" + "".join(
+             f"<span><span class='sw' style='background:{c}'></span>{_e(t)}: "
+             f"{plural(sum(p.target == t for p in page.plan.partitions), 'partition')}</span>"
+             for t, c in colors.items()) + "</p>"]
+    return h
+
+
+def _heatmap(page: _Page) -> list[str]:
+    """Each node's cost on each target from the campaign's cost table
+    (`collage_farm.report.heatmap`)."""
+    h = ["<h2>Cost of each node by toolchain</h2>"]
+    table = page.cost_table
+    if table is None:
+        why = ("mock costs are not measurements" if page.plan.estimator == "mock"
+               or page.summary.get("estimator") == "mock" else "no cost table beside the plan")
+        return [*h, f"<p class='note'>No per-node costs: {_e(why)}.</p>"]
+    names = [f.name for f in page.flow]
+    costs = node_costs(table, page.plan.model, names)
+    targets = list(dict.fromkeys([t["id"] for t in page.plan.targets]
+                                 + sorted({t for _, t in costs})))
+    rows = heat_rows(collapse(page.flow), {f.name: f.op for f in page.flow})
+    return [*h, heatmap_html(rows, targets, costs, page.plan.target_of_node())]
+
+
+def _cost_table(root: Path, summary: Mapping[str, Any]) -> Path | None:
+    """The campaign's cost table: the summary's ``cost_table``, else ``costs`` beside the
+    plan; None when neither is a directory."""
+    for p in (summary.get("cost_table"), root / "costs"):
+        if p and Path(p).is_dir():
+            return Path(p)
+    return None
+
+
 def write_report(plan_dir: str | Path, summary: dict, measured: dict | None = None) -> Path:
     """Write ``report.html`` (self-contained) and PNGs into ``plan_dir``; returns the HTML path.
 
     ``summary`` is the campaign summary (`run_tune`'s dict; the keys in `SUMMARY_KEYS` are
-    shown when present). ``measured`` is what ``collage-farm run --json`` prints (keys
+    shown when present; ``cost_table`` names the table the heat map reads, else ``costs``
+    beside the plan). ``measured`` is what ``collage-farm run --json`` prints (keys
     ``plan_measured_s``, ``additive_error``, ``apparent_loss``, ``singles_s``, ``best_single``,
     optional ``partition_measured_s`` {id: seconds}); None when the plan was not run.
     """
     root = Path(plan_dir)
     plan, files = load_plan(root)
+    page = _Page(root, plan, summary, measured, plan_flow(plan, files),
+                 _cost_table(root, summary))
     graph_png = draw_plan_graph(plan, files, root / "report_graph.png")
     cost_png = cost_chart(plan, measured, root / "report_costs.png")
+    # the page, top to bottom: one line per section
     h = _header(plan, summary, len(target_colors(plan)))
-    h += _story_card(_story_of(plan, summary, measured))
-    h += _campaign(summary)
-    if summary.get("verify") and not measured:
-        h.append(f"<p class='warn'>End-to-end check {_e(str(summary['verify']))}</p>")
+    h += _story_card(page)
+    h += _graph(page)
+    h += _heatmap(page)
+    h += _partitions(plan, measured)
     if measured:
         h += _measured(plan, summary, measured, root)
         h += _refinement(measured.get("refine") or {})
-    h.append(f"<h2>Graph</h2><img alt='graph coloured by target' src='{_png_uri(graph_png)}'>")
-    h += _partitions(plan, measured)
+    elif summary.get("verify"):
+        h.append(f"<p class='warn'>End-to-end check {_e(str(summary['verify']))}</p>")
+    h += _campaign(summary)
     h.append(f"<h2>Costs per partition</h2><img alt='costs' src='{_png_uri(cost_png)}'>")
+    h.append(f"<details><summary>Layered drawing of the graph (PNG)</summary><img alt='graph "
+             f"coloured by target' src='{_png_uri(graph_png)}'></details>")
     h.append("</body></html>")
     out = root / "report.html"
     out.write_text("\n".join(h), encoding="utf-8")

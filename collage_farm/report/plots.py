@@ -13,6 +13,7 @@ matplotlib is imported inside the drawing functions: it is slow to import, and m
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,22 +221,34 @@ def plot_spread(rows: list[dict], path: Path, model: str) -> Path:
     return _save(fig, path, dpi=100)
 
 
-def plot_bars(rows: Sequence[tuple[str, float]], path: Path, title: str) -> Path:
+def plot_bars(rows: Sequence[tuple[str, float]], path: Path, title: str,
+              notes: Sequence[str] = ()) -> Path:
     """A horizontal bar chart of latencies (``rows``: label, seconds; shown in ms).
 
-    The bar labelled ``plan`` is red, the others blue; the parent directory of ``path`` is
-    created.
+    The bar labelled ``plan`` is red, a label ending in "(simulated)" orange, the others
+    blue; ``notes`` (e.g. which targets failed and why) are printed under the chart, each cut
+    to two lines. The parent directory of ``path`` is created.
     """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 0.5 * max(2, len(rows)) + 1))
+    wrapped = [textwrap.shorten(n, 220, placeholder=" ...") for n in notes]
+    lines = [ln for n in wrapped for ln in textwrap.wrap(n, 110)]
+    fig, ax = plt.subplots(figsize=(7.5, 0.5 * max(2, len(rows)) + 1 + 0.2 * len(lines)))
     names = [r[0] for r in rows]
     vals = [r[1] * 1e3 for r in rows]
-    colors = ["#d62728" if n == "plan" else "#1f77b4" for n in names]
+    colors = ["#d62728" if n == "plan" else "#f28e2b" if n.endswith("(simulated)")
+              else "#1f77b4" for n in names]
     ax.barh(names, vals, color=colors)
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:.3f}", va="center", fontsize=8)
     ax.set_xlabel("median latency (ms)")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
     ax.invert_yaxis()
+    if lines:
+        fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, va="bottom", ha="left",
+                 color="#a33")
     path.parent.mkdir(parents=True, exist_ok=True)
-    return _save(fig, path, dpi=100)
+    fig.tight_layout(rect=(0, (0.15 * len(lines) + 0.05) / fig.get_figheight() if lines else 0,
+                           1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
