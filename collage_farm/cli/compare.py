@@ -140,7 +140,10 @@ def _print_compare(model: str, rows: list[tuple[str, float]], cmp: CompareResult
                    out: dict[str, Any], spread: list[dict] | None,
                    args: argparse.Namespace) -> None:
     best = min((v for _, v in rows), default=None)
-    print(f"{model}: one interleaved run, {args.rounds} rounds, {args.threads} thread(s)")
+    if rows:
+        print(f"{model}: one interleaved run, {args.rounds} rounds, {args.threads} thread(s)")
+    else:
+        print(f"{model}: nothing timed here (no target runs on this machine)")
     for k, v in rows:
         rel = f"{v / best:6.2f}x" if best else ""
         print(f"  {k:14s} {fmt_ms(v):>14s}  {rel}")

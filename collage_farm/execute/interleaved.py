@@ -50,8 +50,11 @@ def measure_interleaved_rounds(fns: Mapping[str, Callable[[], None]], config: Me
 
     An outlier round re-run at the end replaces that round's median in place, so pairing by
     round index stays (that one pair is further apart in time, which only widens the spread).
+    Nothing to time (no callables) gives an empty result.
     """
     names = list(fns)
+    if not names:
+        return Interleaved({}, {})
     one = dataclasses.replace(config, rounds=1, warmup_runs=0, outlier_ratio=0.0)
     for n in names:
         for _ in range(max(0, config.warmup_runs)):

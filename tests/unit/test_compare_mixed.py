@@ -57,3 +57,14 @@ def test_failed_target_is_printed_with_why_and_listed_under_the_chart(tmp_path: 
     noted = plot_bars([("ort-cpu", 1e-5)], tmp_path / "noted.png", "t",
                       notes=["litert-cpu: failed: no TFLite mapping for Greater"])
     assert imread(str(noted)).shape[0] > imread(str(bare)).shape[0]
+
+
+def test_npu_alone_gets_its_board_figure_and_nothing_is_timed() -> None:
+    """An NPU named without its host and without timed targets: its Vela-whole figure on the
+    built-in board that declares it, and no interleaved run over zero callables."""
+    pytest.importorskip("ethosu.vela")
+    rc, out, err = _cli(["compare", "zoo:mnist", "--targets", "ethos-u55-128",
+                         "--rounds", "2", "--min-round-s", "0.005"])
+    assert rc == 0, err
+    assert "nothing timed here" in out
+    assert "ethos-u55-128 Vela whole (simulated)" in out
