@@ -25,7 +25,8 @@ MINE = "this is the written plan"
 def speedup_words(ratio: float, low: float | None = None, high: float | None = None,
                   pairs: int = 0) -> str:
     """The written plan against another from ``ratio`` = written / other (time):
-    "1.55× faster (95% interval 1.51–1.59×, 7 paired rounds)"."""
+    "1.55× faster (95% interval 1.51–1.59×, 7 paired rounds)"; an interval that crosses 1
+    reads "not beyond noise: 1.30× faster in the median (95% interval 0.39–1.52×, ...)"."""
     if not math.isfinite(ratio) or ratio <= 0:
         return "not comparable"
     faster = ratio <= 1.0
@@ -33,6 +34,8 @@ def speedup_words(ratio: float, low: float | None = None, high: float | None = N
     if low is None or high is None or not (low > 0 and high > 0):
         return head + " (one run, no interval)"
     lo, hi = (1 / high, 1 / low) if faster else (low, high)
+    if low <= 1.0 <= high:  # the interval holds "as fast": no side is beyond noise
+        head = f"not beyond noise: {head} in the median"
     return f"{head} (95% interval {lo:.2f}–{hi:.2f}×, {pairs} paired rounds)"
 
 

@@ -138,6 +138,10 @@ def test_speedup_words() -> None:
     assert speedup_words(0.5, 0.4, 0.625, 7) == ("2.00× faster (95% interval 1.60–2.50×, "
                                                   "7 paired rounds)")
     assert speedup_words(1.25) == "1.25× slower (one run, no interval)"
+    # an interval holding 1 is not a speed-up: said first, the median after
+    assert speedup_words(1 / 1.3, 0.39, 1.52, 7) == (
+        "not beyond noise: 1.30× faster in the median (95% interval 0.66–2.56×, "
+        "7 paired rounds)")
 
 
 def test_report_has_labels_not_keys(tmp_path: Path) -> None:
