@@ -96,6 +96,7 @@ from estimators.profiled import (
     ProfiledEstimator,
     ProfileRejected,
     TargetProfile,
+    node_weights,
 )
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
@@ -146,7 +147,9 @@ class TuneOptions:
     # exhaustive until profile mode's plans and estimates match it (bench/profile_mode.py)
     measure: str = MeasureStrategy.EXHAUSTIVE.value
     profile_tolerance: float = DEFAULT_TOLERANCE  # profile sum vs whole model: else fall back
-    screen_rounds: int = 4  # plans whose uncertain candidates are measured (`screen`)
+    # plans whose uncertain candidates are measured in isolation (`screen`); 0: none, as an
+    # isolated cost mixed into profile shares misprices mixed plans (estimators.profiled)
+    screen_rounds: int = 0
     inputs: Mapping[str, object] = field(default_factory=dict)  # fixed input values (--input)
 
 
@@ -303,6 +306,7 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
         farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
         strictness=Strictness.parse(opts.strictness))
     same = (cut_info or {}).get("same_cuts_s") or {}
+    weights = node_weights(graph)
     profiles: dict[str, TargetProfile] = {}
     warnings: list[str] = []
     for tid, o in outcomes.items():
@@ -310,12 +314,17 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
         if o.profile is not None:
             try:
                 profiles[tid] = TargetProfile.of(o.profile, cut_s=float(same.get(tid, 0.0)),
-                                                 tolerance=opts.profile_tolerance)
+                                                 tolerance=opts.profile_tolerance,
+                                                 weights=weights)
             except ProfileRejected as e:
                 why = str(e)
         if tid not in profiles:
             warnings.append(f"warning: {tid}: no usable profile ({why}); its candidates are "
                             "measured in isolation")
+        elif profiles[tid].rejected:
+            warnings.append(f"warning: {tid}: its profiler's profile was not used "
+                            f"({profiles[tid].rejected}); its costs come from prefix "
+                            "differences at thin cuts instead")
     info = {"targets": {k: o.to_json() for k, o in outcomes.items()},
             "profiled_targets": sorted(profiles), "runs": sum(o.ran for o in outcomes.values()),
             "warnings": warnings, "same_cuts_s": same}
