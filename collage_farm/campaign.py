@@ -306,6 +306,7 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
         farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
         strictness=Strictness.parse(opts.strictness))
     same = (cut_info or {}).get("same_cuts_s") or {}
+    wholes = (cut_info or {}).get("wholes_s") or {}  # every target's whole, one time base
     weights = node_weights(graph)
     profiles: dict[str, TargetProfile] = {}
     warnings: list[str] = []
@@ -315,7 +316,7 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
             try:
                 profiles[tid] = TargetProfile.of(o.profile, cut_s=float(same.get(tid, 0.0)),
                                                  tolerance=opts.profile_tolerance,
-                                                 weights=weights)
+                                                 weights=weights, whole_s=wholes.get(tid))
             except ProfileRejected as e:
                 why = str(e)
         if tid not in profiles:
@@ -327,7 +328,7 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
                             "differences at thin cuts instead")
     info = {"targets": {k: o.to_json() for k, o in outcomes.items()},
             "profiled_targets": sorted(profiles), "runs": sum(o.ran for o in outcomes.values()),
-            "warnings": warnings, "same_cuts_s": same}
+            "warnings": warnings, "same_cuts_s": same, "wholes_s": wholes}
     return ProfiledEstimator(profiles, est), info
 
 

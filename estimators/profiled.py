@@ -6,9 +6,12 @@ isolation. A candidate's cost on a profiled target is then:
 
 * what its nodes cost inside the whole model: the profile's per-node seconds (a fused group's
   or a segment's time split over its nodes by their work, `node_weights`), scaled so that the
-  whole model's nodes add up to the *unprofiled* whole-model time of the same profile run
-  (profiling adds a few percent, and time the profiler attributes to no node is spread over
-  the nodes in proportion);
+  whole model's nodes add up to the *unprofiled* whole-model time (profiling adds a few
+  percent, and time the profiler attributes to no node is spread over the nodes in
+  proportion): in a campaign, the whole model as the cut-cost probe timed it, every target
+  interleaved in one run with the executor plans run in (`collage_farm.probes.cutcost`), so
+  targets profiled minutes apart on a drifting machine share one time base; else the profile
+  run's own;
 * plus, when the candidate is fed by another partition (it reads a tensor that is not a graph
   input), the target's measured same-toolchain cut cost (``cut_s``: what cutting the model
   into partitions of this toolchain costs per cut; the transition model adds what entering
@@ -104,16 +107,21 @@ class TargetProfile:
     @staticmethod
     def of(profile: OperatorProfile, *, cut_s: float = 0.0,
            tolerance: float = DEFAULT_TOLERANCE,
-           weights: Mapping[str, float] | None = None) -> TargetProfile:
+           weights: Mapping[str, float] | None = None,
+           whole_s: float | None = None) -> TargetProfile:
         """The estimator's view of ``profile``; `ProfileRejected` when it cannot be trusted
-        (`OperatorProfile.problem` under ``tolerance``). A group's seconds are split over its
-        nodes in proportion to ``weights`` (the nodes' work, e.g. FLOPs: a fused Conv+Relu's
-        time is the Conv's), evenly where no node of the group has a positive weight."""
+        (`OperatorProfile.problem` under ``tolerance``, against the profile run's own
+        unprofiled time). A group's seconds are split over its nodes in proportion to
+        ``weights`` (the nodes' work: a fused Conv+Relu's time is mostly the Conv's), evenly
+        where no node of the group has a positive weight. The shares add up to ``whole_s``
+        when given (the whole model timed on the campaign's time base: the same executor as
+        plans, every target interleaved in one run), else to the profile's ``whole_s``."""
         why = profile.problem(tolerance)
         if why:
             raise ProfileRejected(why)
+        base = whole_s if whole_s is not None and whole_s > 0 else profile.whole_s
         attributed = sum(s for _, s in profile.groups)
-        scale = profile.whole_s / attributed
+        scale = base / attributed
         node_s: dict[str, float] = {}
         group_of: dict[str, int] = {}
         group_size: dict[int, int] = {}
@@ -125,9 +133,9 @@ class TargetProfile:
                 share = wn / total_w if total_w > 0 else 1.0 / len(nodes)
                 node_s[n] = seconds * scale * share
                 group_of[n] = g
-        return TargetProfile(node_s, group_of, group_size, scale, profile.whole_s,
-                             max(0.0, cut_s), profile.method.value, profile.ratio,
-                             profile.notes, profile.rejected)
+        return TargetProfile(node_s, group_of, group_size, scale, base, max(0.0, cut_s),
+                             profile.method.value, profile.ratio, profile.notes,
+                             profile.rejected)
 
     def uncertain(self, nodes: Sequence[str]) -> bool:
         """Whether a candidate of ``nodes`` splits a fused group or holds a node the profile

@@ -187,8 +187,8 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     When the toolchain's own profiler raises, or its profile fails `OperatorProfile.problem`
     against this timing, the profile is taken again by prefix differences at thin cuts
     (`PrefixProfiler`: timing only, any toolchain), and the result's profile says in
-    ``rejected`` why. A toolchain with no profiler, or whose fallback fails too, gives a failed
-    result that says so."""
+    ``rejected`` why. A toolchain with no profiler, or whose fallback fails too, gives a
+    failed result that says so."""
     t0 = time.perf_counter()
     build, config = inp.build, inp.config
     profiler = tc.profiler()
@@ -203,14 +203,22 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     source = onnx_bytes if onnx_bytes is not None else build.artifact
     runs = max(1, int(config.min_round_runs))
     try:
-        prof = profiler.profile(build, source, warm, runs)
-        rejected = dataclasses.replace(prof, whole_s=base.seconds).problem()
+        prof: OperatorProfile | None = profiler.profile(build, source, warm, runs)
     except Exception as e:
-        prof, rejected = None, f"profiler {profiler.method.value} failed: {type(e).__name__}: {e}"
+        prof = None
+        rejected = f"profiler {profiler.method.value} failed: {type(e).__name__}: {e}"
+    after = tc.measure(MeasureInput(build, warm))  # bracket the profile: drift hits both
+    if after.ok:
+        samples = (*base.samples, *after.samples)
+        base = dataclasses.replace(base, samples=samples, summary=Summary.of(samples))
+    if prof is not None:
+        prof = _with_whole(prof, base.seconds)
+        rejected = prof.problem() or ""
     if rejected and profiler.method is not ProfileMethod.PREFIXES:
         try:
-            prof = dataclasses.replace(PrefixProfiler(tc).profile(build, source, warm, runs),
-                                       rejected=" ".join(rejected.split())[:300])
+            prof = _with_whole(PrefixProfiler(tc).profile(build, source, warm, runs),
+                               base.seconds)
+            prof = dataclasses.replace(prof, rejected=" ".join(rejected.split())[:300])
         except Exception as e:
             rejected += f"; prefixes failed too: {type(e).__name__}: {e}"
             prof = None
@@ -218,15 +226,19 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
         return MeasureResult.failed(build, Status.RUNTIME_ERROR, rejected[:4000], config,
                                     kind=Kind.PROFILED, device=base.device,
                                     toolchain_version=base.toolchain_version)
-    after = tc.measure(MeasureInput(build, warm))  # bracket the profile: drift hits both
-    if after.ok:
-        samples = (*base.samples, *after.samples)
-        base = dataclasses.replace(base, samples=samples, summary=Summary.of(samples))
-    prof = dataclasses.replace(prof, whole_s=base.seconds)
     return dataclasses.replace(
         base, config=config, kind=Kind.PROFILED, measure_s=time.perf_counter() - t0,
         details=(*base.details, (PROFILE_DETAIL, prof.to_json()),
                  ("profile_method", prof.method.value), ("profile_ratio", prof.ratio)))
+
+
+def _with_whole(prof: OperatorProfile, bracket_s: float) -> OperatorProfile:
+    """``prof`` with its ``whole_s``: the bracket timing, or for a prefix profile its own last
+    prefix (the whole model): its segments add up to that by construction, and the bracket
+    timing of the same model seconds apart differs from it by the machine's drift, not by a
+    wrong share."""
+    own = prof.method is ProfileMethod.PREFIXES and prof.profiled_total_s > 0
+    return dataclasses.replace(prof, whole_s=prof.profiled_total_s if own else bracket_s)
 
 
 # ----------------------------------------------------------------------------------------
@@ -365,8 +377,8 @@ class PrefixProfiler(Profiler):
         self.toolchain = toolchain
         self.segments = segments
 
-    def _prefix_s(self, build: BuildResult, model: Any, names: Sequence[str],
-                  config: MeasureConfig, tag: str) -> float:
+    def _prefix_build(self, build: BuildResult, model: Any, names: Sequence[str],
+                      tag: str) -> BuildResult:
         import onnx.utils
 
         topo_outputs = _prefix_outputs(model, set(names))
@@ -378,10 +390,21 @@ class PrefixProfiler(Profiler):
         b = self.toolchain.build(BuildInput(fp, build.target, sub.SerializeToString()))
         if not b.ok:
             raise RuntimeError(f"prefix {tag} does not build: {b.error[:200]}")
-        m = self.toolchain.measure(MeasureInput(b, config))
-        if not m.ok:
-            raise RuntimeError(f"prefix {tag} does not run: {m.error[:200]}")
-        return m.seconds
+        return b
+
+    def _interleaved_s(self, builds: Sequence[BuildResult], config: MeasureConfig
+                       ) -> list[float]:
+        """Median seconds of each build, timed in ``config.rounds`` rounds that visit every
+        build once (drift hits every prefix alike, as it hits every segment's difference)."""
+        one = dataclasses.replace(config, mode="warm", rounds=1)
+        samples: list[list[float]] = [[] for _ in builds]
+        for _ in range(max(1, int(config.rounds))):
+            for i, b in enumerate(builds):
+                m = self.toolchain.measure(MeasureInput(b, one))
+                if not m.ok:
+                    raise RuntimeError(f"prefix {i} does not run: {m.error[:200]}")
+                samples[i].append(m.seconds)
+        return [float(statistics.median(x)) for x in samples]
 
     def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
                 runs: int) -> OperatorProfile:
@@ -390,21 +413,18 @@ class PrefixProfiler(Profiler):
         model = onnx.load_from_string(onnx_bytes)
         topo = OnnxTopology.of(onnx_bytes)
         cuts = thin_cuts(topo, self.segments)
-        warm = dataclasses.replace(config, mode="warm")
         bounds = [0, *cuts, len(topo.names)]
-        totals = [0.0]
-        for i, p in enumerate(bounds[1:]):
-            totals.append(self._prefix_s(build, model, topo.names[:p], warm, f"p{i}")
-                          if p < len(topo.names) else
-                          self.toolchain.measure(MeasureInput(build, warm)).seconds)
+        builds = [self._prefix_build(build, model, topo.names[:p], f"p{i}")
+                  for i, p in enumerate(cuts)] + [build]
+        totals = [0.0, *self._interleaved_s(builds, config)]
         fixed = monotone_totals(totals)
         groups = [(tuple(topo.names[bounds[i]:bounds[i + 1]]), fixed[i + 1] - fixed[i])
                   for i in range(len(bounds) - 1)]
-        notes = f"{len(groups)} segments at thin cuts {cuts}"
+        notes = f"{len(groups)} segments at thin cuts {cuts}, prefixes timed interleaved"
         bent = sum(1 for a, b in zip(totals, fixed) if a != b)
         if bent:
             notes += f"; {bent} prefix times out of order set to their neighbours'"
-        return OperatorProfile(self.method, tuple(groups), 0.0, len(bounds) - 1,
+        return OperatorProfile(self.method, tuple(groups), 0.0, int(config.rounds),
                                notes=notes, kernels=len(groups))
 
 

@@ -174,7 +174,7 @@ def test_real_ort_profile_accounts_for_every_node(mnist) -> None:  # type: ignor
     res = profile_measure(tc, MeasureInput(b, profile_config(rounds=2, runs=10)), data)
     assert res.ok and res.kind.value == "profiled", res.error
     got = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
-    assert got.whole_s == res.seconds
+    assert got.whole_s == res.seconds or got.method is ProfileMethod.PREFIXES
     assert (got.method is ProfileMethod.ORT_TRACE) == (not got.rejected)
     assert sorted(n for ns, _ in got.groups for n in ns) == sorted(covered)
 
