@@ -25,14 +25,16 @@ offline campaigns skip this and say so. Every campaign writes ``report.html`` be
 unless told not to.
 
 How candidates get costs is ``TuneOptions.measure`` (`estimators.profiled.MeasureStrategy`):
-``profile`` (the default) profiles each target's whole model once per operator, in network
-(`collage_farm.probes.profiles`), answers candidates from those profiles
-(`estimators.profiled.ProfiledEstimator`) and measures in isolation only the uncertain
-candidates on the best plans (`collage_farm.postsearch.screen`) before the confirmation step;
-a target whose profile fails or is rejected falls back to isolated measurement, with one
-warning line in the summary. ``exhaustive`` measures every candidate the search asks for in
-isolation (the behaviour before profiles). Profile mode applies to the estimator the campaign
-builds; a caller's own estimator is used as is.
+``profile`` profiles each target's whole model once per operator, in network
+(`collage_farm.probes.profiles`; prefix differences where the toolchain's profiler is not
+trusted, said in one warning line), answers every candidate from those profiles
+(`estimators.profiled.ProfiledEstimator`: node shares on the cut-cost probe's time base plus
+measured cut costs), so neither the search nor the confirmation step measures a candidate in
+isolation; ``screen_rounds`` > 0 measures the uncertain candidates on the best plans
+(`collage_farm.postsearch.screen`). A target without a usable profile falls back to isolated
+measurement, with one warning line in the summary. ``exhaustive`` (the default) measures every
+candidate the search asks for in isolation (the behaviour before profiles). Profile mode
+applies to the estimator the campaign builds; a caller's own estimator is used as is.
 
 The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
 keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
