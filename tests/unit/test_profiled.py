@@ -14,7 +14,8 @@ from collage_farm.core.cost import Cost
 from collage_farm.core.rules import RuleOptions, all_candidates
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import parse_targets
-from collage_farm.costtable import CostTableWriter, TableStore, row_from_result
+from collage_farm.costtable import CostTable, CostTableWriter, TableStore, row_from_result
+from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.profiles import profile_fingerprint
 from estimators.analytic import AnalyticEstimator
 from estimators.profiled import (
@@ -258,3 +259,19 @@ def test_tune_refuses_an_unknown_measure_strategy(capsys: pytest.CaptureFixture[
         main(["tune", "zoo:mnist", "--mock", "--measure", "everything"])
     assert e.value.code == 2
     assert "--measure: invalid choice: 'everything'" in capsys.readouterr().err
+
+
+def test_the_probes_whole_model_times_are_kept_and_read_back(mnist, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Profile mode's time base (every target's whole model in the cut-cost probe's rounds)
+    is stored with the probe's rows, so a re-run and an offline search price alike."""
+    graph, _ = mnist
+    targets = parse_targets("ort-cpu,openvino-cpu")
+    with CostTableWriter(tmp_path / "costs") as w:
+        first = cached_cut_costs(CostTable(tmp_path / "costs"), graph, targets, writer=w,
+                                 chunks=3, rounds=1, runs_per_round=2, wholes=True)
+    assert first is not None and set(first.wholes_s) == {"ort-cpu", "openvino-cpu"}
+    again = cached_cut_costs(CostTable(tmp_path / "costs"), graph, targets, chunks=3,
+                             measure=False, wholes=True)
+    assert again is not None and again.cached
+    assert again.wholes_s == first.wholes_s and again.same_cuts == first.same_cuts
+    assert again.to_json()["wholes_s"] == first.wholes_s
