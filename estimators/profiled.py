@@ -18,8 +18,9 @@ isolation. A candidate's cost on a profiled target is then:
   from *another* toolchain costs on top).
 
 A candidate is **uncertain** when it splits a group the toolchain fused in the profile (its
-cost inside the group is a guess) or holds a node the profile does not account for (folded or
-eliminated, so 0 s in the whole model, but not alone). Uncertain candidates are answered with
+cost inside the group is a guess: by default it pays the whole group, `SplitPricing`) or holds
+a node the profile does not account for (folded or eliminated, so 0 s in the whole model, but
+not alone). Uncertain candidates are answered with
 their profile estimate too (flagged: `uncertain`); `measure_isolated` can measure them in
 isolation (`collage_farm.postsearch.screen`), and from then on they answer the isolated
 measurement. A campaign does not by default: an isolated cost (its own session, caches evicted)
@@ -61,7 +62,7 @@ from estimators.base import CostEstimator, EstimatorStats
 from runners.profile import DEFAULT_TOLERANCE, OperatorProfile
 
 __all__ = ["DEFAULT_TOLERANCE", "MeasureStrategy", "ProfileRejected", "ProfiledEstimator",
-           "TargetProfile", "fed_by_partition", "node_weights"]
+           "SplitPricing", "TargetProfile", "fed_by_partition", "node_weights"]
 
 
 class MeasureStrategy(str, enum.Enum):
@@ -85,6 +86,22 @@ class MeasureStrategy(str, enum.Enum):
                              f"not {value!r}") from None
 
 
+class SplitPricing(str, enum.Enum):
+    """What a candidate that splits a profiled group (a fused kernel, a prefix segment) pays
+    for its part of that group.
+
+    ``WHOLE_GROUP``: the whole group's time, an upper bound (a toolchain that runs part of a
+    fused kernel, or of a segment, alone does not get cheaper than the fused whole by much,
+    and the split's share is a guess). A search on guessed shares picks the guesses that
+    happen to be low (on resnet18-64 its plan was made of split groups only, and ran 38%
+    slower than its estimate after drift was taken out), so a guess is never priced below
+    what was measured. ``WORK_SHARE``: the nodes' shares by work (`node_weights`).
+    """
+
+    WHOLE_GROUP = "whole-group"
+    WORK_SHARE = "work-share"
+
+
 class ProfileRejected(ValueError):
     """A profile that cannot be trusted as costs; the message says why, in one line."""
 
@@ -103,12 +120,22 @@ class TargetProfile:
     ratio: float = 1.0
     notes: str = field(default="", compare=False)
     rejected: str = field(default="", compare=False)  # `OperatorProfile.rejected`
+    split: SplitPricing = SplitPricing.WHOLE_GROUP
+    #: scaled seconds per group (the sum of its nodes' shares)
+    group_s: Mapping[int, float] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        total: dict[int, float] = {}
+        for n, g in self.group_of.items():
+            total[g] = total.get(g, 0.0) + self.node_s.get(n, 0.0)
+        object.__setattr__(self, "group_s", total)  # derived once; the dataclass is frozen
 
     @staticmethod
     def of(profile: OperatorProfile, *, cut_s: float = 0.0,
            tolerance: float = DEFAULT_TOLERANCE,
            weights: Mapping[str, float] | None = None,
-           whole_s: float | None = None) -> TargetProfile:
+           whole_s: float | None = None,
+           split: SplitPricing = SplitPricing.WHOLE_GROUP) -> TargetProfile:
         """The estimator's view of ``profile``; `ProfileRejected` when it cannot be trusted
         (`OperatorProfile.problem` under ``tolerance``, against the profile run's own
         unprofiled time). A group's seconds are split over its nodes in proportion to
@@ -135,7 +162,7 @@ class TargetProfile:
                 group_of[n] = g
         return TargetProfile(node_s, group_of, group_size, scale, base, max(0.0, cut_s),
                              profile.method.value, profile.ratio, profile.notes,
-                             profile.rejected)
+                             profile.rejected, split)
 
     def uncertain(self, nodes: Sequence[str]) -> bool:
         """Whether a candidate of ``nodes`` splits a fused group or holds a node the profile
@@ -149,8 +176,13 @@ class TargetProfile:
         return any(k != self.group_size[g] for g, k in seen.items())
 
     def cost_s(self, nodes: Sequence[str], fed_by_partition: bool) -> float:
-        """Seconds of a candidate of ``nodes`` (module docstring)."""
-        s = sum(self.node_s.get(n, 0.0) for n in nodes)
+        """Seconds of a candidate of ``nodes`` (module docstring; a group it splits priced by
+        ``split``)."""
+        if self.split is SplitPricing.WORK_SHARE:
+            s = sum(self.node_s.get(n, 0.0) for n in nodes)
+        else:
+            groups = {self.group_of[n] for n in nodes if n in self.group_of}
+            s = sum(self.group_s[g] for g in groups)
         return s + (self.cut_s if fed_by_partition else 0.0)
 
 

@@ -21,6 +21,7 @@ from estimators.analytic import AnalyticEstimator
 from estimators.profiled import (
     ProfiledEstimator,
     ProfileRejected,
+    SplitPricing,
     TargetProfile,
     node_weights,
 )
@@ -63,8 +64,9 @@ def _hand_profile(graph) -> tuple[OperatorProfile, dict[str, float]]:  # type: i
 def test_estimator_matches_hand_computed_profile_sums(mnist) -> None:  # type: ignore[no-untyped-def]
     graph, _ = mnist
     prof, per_node = _hand_profile(graph)
-    tp = TargetProfile.of(prof, cut_s=3e-6)
+    tp = TargetProfile.of(prof, cut_s=3e-6, split=SplitPricing.WORK_SHARE)
     assert tp.scale == pytest.approx(1 / 1.1)
+    whole_group = TargetProfile.of(prof, cut_s=3e-6)  # the default: a split pays the group
     cands = all_candidates(graph, build_specs([ORT], RuleOptions(max_depth=4)))
     est = ProfiledEstimator({ORT.id: tp}, AnalyticEstimator())
     costs = est.estimate(cands)
@@ -77,6 +79,8 @@ def test_estimator_matches_hand_computed_profile_sums(mnist) -> None:  # type: i
         assert cost.seconds == pytest.approx(want, rel=1e-9), c.label()
         splits = len(first_two & set(c.node_names)) == 1
         assert est.uncertain(c) is splits
+        extra = 5e-6 / 1.1 if splits else 0.0  # the other half of the 10 us group
+        assert whole_group.cost_s(c.node_names, fed) == pytest.approx(want + extra, rel=1e-9)
         seen_uncertain += splits
         seen_certain += not splits
     assert seen_uncertain and seen_certain
