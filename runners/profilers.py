@@ -268,7 +268,8 @@ class OrtTraceProfiler(Profiler):
         groups, unattributed = kernel_groups(topo, kernels)
         stray = sum(times.values())  # kernels the optimised model does not name
         return OperatorProfile(self.method, groups, unattributed + stray, runs,
-                               kernels=len(kernels), notes=f"{len(kernels)} kernels for {len(topo.names)} nodes; "
+                               kernels=len(kernels),
+                               notes=f"{len(kernels)} kernels for {len(topo.names)} nodes; "
                                f"{overhead * 1e6:.1f} us profiler overhead per kernel "
                                "subtracted")
 
@@ -314,5 +315,6 @@ class OpenVinoCountersProfiler(Profiler):
             kernels.append(Kernel(name, times.pop(name, 0.0), anchors, ins, (name,)))
         groups, unattributed = kernel_groups(topo, kernels)
         return OperatorProfile(self.method, groups, unattributed + sum(times.values()), runs,
-                               kernels=len(kernels), notes=f"{len(kernels)} runtime layers for {len(topo.names)} "
+                               kernels=len(kernels),
+                               notes=f"{len(kernels)} runtime layers for {len(topo.names)} "
                                "nodes")
