@@ -11,8 +11,13 @@ For each model (mnist, resnet18 at 64 px, gpt2 with 2 layers; ``--models`` to ch
 Printed per model and mode: candidate measurements in isolation (``measured``), profile runs
 (``profiled``), measurements in all, campaign wall time, the final plan (what it is and its
 interleaved end-to-end latency), and the additive error of the campaign's Dijkstra estimate
-against the Dijkstra plan measured end to end by the campaign itself. A Markdown table goes to
-``--out`` (default: stdout only) with the machine it ran on.
+against the Dijkstra plan measured end to end by the campaign itself (``(measured -
+estimated) / measured``), raw and calibrated (each partition scaled by its target's measured /
+estimated whole model in the same verify run: what is left once the machine's drift between
+the campaign's costs and its verify run is taken out). Then per model the ratios of profile
+mode to exhaustive mode (measurements, wall time, final plan latency) and the load average
+(`uptime`) before and after. A Markdown table goes to ``--out`` (default: stdout only) with
+the machine it ran on.
 
     PYTHONPATH=. RAY_AUTH_MODE=disabled python3 -m bench.profile_mode --num-cpus 2 \\
         --out bench/results/profile-mode-vm.md
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -60,14 +66,39 @@ def interleaved(plans: dict[str, Path], rounds: int) -> dict[str, float]:
     return {k: v.median for k, v in measure_interleaved(fns, cfg).items()}
 
 
+def _pct(x: float | None) -> str:
+    return f"{x:+.1%}" if x is not None else "n/a"
+
+
 def row(label: str, mode: str, s: dict[str, Any], e2e: float) -> str:
     measured = int(s.get("measured", 0))
     profiled = int(s.get("profiled", 0))
-    err = s.get("additive_error")
     warn = len((s.get("profile") or {}).get("warnings", []))
+    d_est, d_s = s.get("dijkstra_estimated_s"), s.get("dijkstra_measured_s")
     return (f"| {label} | {mode} | {s['candidates']} | {measured} | {profiled} | "
             f"{measured + profiled} | {warn} | {s['campaign_s']:.0f} | {s.get('plan_is', '')} |"
-            f" {e2e * 1e3:.3f} | " + (f"{err:+.1%}" if err is not None else "n/a") + " |")
+            f" {e2e * 1e3:.3f} | {s.get('dijkstra_partitions')} | "
+            f"{(d_est or 0) * 1e3:.3f} | {(d_s or 0) * 1e3:.3f} | "
+            f"{_pct(s.get('dijkstra_additive_error'))} | "
+            f"{_pct(s.get('dijkstra_calibrated_additive_error'))} |")
+
+
+def ratios(label: str, res: dict[str, dict[str, Any]], e2e: dict[str, float]) -> str:
+    """One line: profile mode against exhaustive mode on ``label``."""
+    ex, pr = res["exhaustive"], res["profile"]
+    n = {m: int(s.get("measured", 0)) + int(s.get("profiled", 0)) for m, s in res.items()}
+    return (f"  {label}: profile/exhaustive measurements {n['profile']}/{n['exhaustive']} = "
+            f"{n['profile'] / max(1, n['exhaustive']):.1%}; wall "
+            f"{ex['campaign_s'] / max(1e-9, pr['campaign_s']):.1f}x shorter; final plan "
+            f"{e2e['profile'] / e2e['exhaustive']:.3f}x exhaustive's (interleaved); best single "
+            f"(profile campaign's verify run) {pr.get('best_single_target')} "
+            f"{(pr.get('best_single_measured_s') or 0) * 1e3:.3f} ms")
+
+
+def load() -> str:
+    """The load averages, as `uptime` prints them."""
+    out = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout
+    return out.strip().split("load average:")[-1].strip()
 
 
 def main() -> None:
@@ -82,14 +113,17 @@ def main() -> None:
              f"machine: {DeviceDescription.host_cpu().describe()}, {platform.platform()}; "
              f"targets {args.targets}; Ray num_cpus {args.num_cpus}", "",
              "| model | mode | candidates | measured (isolated) | profile runs | "
-             "measurements | profile fallbacks | campaign s | final plan | final plan e2e ms "
-             "(interleaved) | additive error (Dijkstra) |", "|---" * 11 + "|"]
+             "measurements | profile warnings | campaign s | final plan | final plan e2e ms "
+             "(interleaved) | Dijkstra partitions | Dijkstra estimated ms | Dijkstra measured "
+             "ms | additive error (Dijkstra) | calibrated additive error (Dijkstra) |",
+             "|---" * 15 + "|"]
     print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-profile") as d:
         for label in args.models.split(","):
             name, kw = MODELS[label]
             work = Path(d) / label
             work.mkdir(parents=True)
+            before = load()
             onnx.save(zoo.build(name, **kw), str(work / f"{label}.onnx"))
             res = {m: campaign(str(work / f"{label}.onnx"), args.targets, m, work,
                                args.num_cpus)
@@ -99,7 +133,13 @@ def main() -> None:
                 lines.append(row(label, m, s, e2e[m]))
                 print(lines[-1], flush=True)
                 for w in (s.get("profile") or {}).get("warnings", []):
-                    print(f"  {label} {m}: {w}", flush=True)
+                    lines.append(f"  {label} {m}: {w}")
+                    print(lines[-1], flush=True)
+            lines.append(ratios(label, res, e2e) + f"; load average before {before}, after "
+                         f"{load()}")
+            print(lines[-1], flush=True)
+            if args.out:  # what is done so far survives a run stopped for time
+                args.out.write_text("\n".join(lines) + "\n")
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
 

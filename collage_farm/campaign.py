@@ -25,14 +25,16 @@ offline campaigns skip this and say so. Every campaign writes ``report.html`` be
 unless told not to.
 
 How candidates get costs is ``TuneOptions.measure`` (`estimators.profiled.MeasureStrategy`):
-``profile`` (the default) profiles each target's whole model once per operator, in network
-(`collage_farm.probes.profiles`), answers candidates from those profiles
-(`estimators.profiled.ProfiledEstimator`) and measures in isolation only the uncertain
-candidates on the best plans (`collage_farm.postsearch.screen`) before the confirmation step;
-a target whose profile fails or is rejected falls back to isolated measurement, with one
-warning line in the summary. ``exhaustive`` measures every candidate the search asks for in
-isolation (the behaviour before profiles). Profile mode applies to the estimator the campaign
-builds; a caller's own estimator is used as is.
+``profile`` profiles each target's whole model once per operator, in network
+(`collage_farm.probes.profiles`; prefix differences where the toolchain's profiler is not
+trusted, said in one warning line), answers every candidate from those profiles
+(`estimators.profiled.ProfiledEstimator`: node shares on the cut-cost probe's time base plus
+measured cut costs), so neither the search nor the confirmation step measures a candidate in
+isolation; ``screen_rounds`` > 0 measures the uncertain candidates on the best plans
+(`collage_farm.postsearch.screen`). A target without a usable profile falls back to isolated
+measurement, with one warning line in the summary. ``exhaustive`` (the default) measures every
+candidate the search asks for in isolation (the behaviour before profiles). Profile mode
+applies to the estimator the campaign builds; a caller's own estimator is used as is.
 
 The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
 keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
@@ -99,6 +101,7 @@ from estimators.profiled import (
     ProfiledEstimator,
     ProfileRejected,
     TargetProfile,
+    node_weights,
 )
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
@@ -169,7 +172,9 @@ class TuneOptions:
     # exhaustive until profile mode's plans and estimates match it (bench/profile_mode.py)
     measure: str = MeasureStrategy.EXHAUSTIVE.value
     profile_tolerance: float = DEFAULT_TOLERANCE  # profile sum vs whole model: else fall back
-    screen_rounds: int = 4  # plans whose uncertain candidates are measured (`screen`)
+    # plans whose uncertain candidates are measured in isolation (`screen`); 0: none, as an
+    # isolated cost mixed into profile shares misprices mixed plans (estimators.profiled)
+    screen_rounds: int = 0
     inputs: Mapping[str, object] = field(default_factory=dict)  # fixed input values (--input)
     # samples int8 builds are calibrated on (--calibration-data); None: seeded random
     calibration: CalibrationData | None = None
@@ -318,6 +323,8 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
         farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
         strictness=Strictness.parse(opts.strictness))
     same = (cut_info or {}).get("same_cuts_s") or {}
+    wholes = (cut_info or {}).get("wholes_s") or {}  # every target's whole, one time base
+    weights = node_weights(graph)
     profiles: dict[str, TargetProfile] = {}
     warnings: list[str] = []
     for tid, o in outcomes.items():
@@ -325,15 +332,20 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
         if o.profile is not None:
             try:
                 profiles[tid] = TargetProfile.of(o.profile, cut_s=float(same.get(tid, 0.0)),
-                                                 tolerance=opts.profile_tolerance)
+                                                 tolerance=opts.profile_tolerance,
+                                                 weights=weights, whole_s=wholes.get(tid))
             except ProfileRejected as e:
                 why = str(e)
         if tid not in profiles:
             warnings.append(f"warning: {tid}: no usable profile ({why}); its candidates are "
                             "measured in isolation")
+        elif profiles[tid].rejected:
+            warnings.append(f"warning: {tid}: its profiler's profile was not used "
+                            f"({profiles[tid].rejected}); its costs come from prefix "
+                            "differences at thin cuts instead")
     info = {"targets": {k: o.to_json() for k, o in outcomes.items()},
             "profiled_targets": sorted(profiles), "runs": sum(o.ran for o in outcomes.values()),
-            "warnings": warnings, "same_cuts_s": same}
+            "warnings": warnings, "same_cuts_s": same, "wholes_s": wholes}
     return ProfiledEstimator(profiles, est), info
 
 

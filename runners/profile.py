@@ -5,8 +5,9 @@ isolation; it runs each target's whole model once, in network, and reads the too
 per-operator profile (`Profiler`): ONNX Runtime's session trace (`runners.profilers.
 OrtTraceProfiler`), OpenVINO's per-layer performance counters (`OpenVinoCountersProfiler`), or,
 for a toolchain with no per-operator timer reachable from Python (LiteRT), the differences of
-timed prefixes cut at thin cuts (`PrefixProfiler`). Vela's per-operator cycles are already kept
-in every Ethos-U row's details and need no profile run.
+timed prefixes cut at thin cuts (`PrefixProfiler`, in this module: it is also every
+toolchain's fallback when its own profiler fails or is not trusted, `profile_measure`). Vela's
+per-operator cycles are already kept in every Ethos-U row's details and need no profile run.
 
 A profile run is a farm measurement like any other: a `MeasureRequest` of the whole model whose
 `MeasureConfig.mode` is `PROFILE_MODE`. The runner's worker sends it to `profile_measure`
@@ -31,6 +32,7 @@ import abc
 import dataclasses
 import enum
 import json
+import math
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +41,7 @@ from typing import Any
 
 from runners.base import (
     PROFILE_MODE,
+    BuildInput,
     BuildResult,
     Kind,
     MeasureConfig,
@@ -49,14 +52,21 @@ from runners.base import (
     Toolchain,
 )
 
-__all__ = ["PROFILE_DETAIL", "PROFILE_PREFIX", "OnnxTopology", "OperatorProfile",
-           "ProfileMethod", "Profiler", "attach_unassigned", "profile_config",
-           "profile_measure"]
+__all__ = ["DEFAULT_TOLERANCE", "PER_KERNEL_TOLERANCE_S", "PROFILE_DETAIL", "PROFILE_PREFIX",
+           "OnnxTopology", "OperatorProfile", "PrefixProfiler", "ProfileMethod", "Profiler",
+           "attach_unassigned", "monotone_totals", "profile_config", "profile_measure",
+           "thin_cuts"]
 
 #: details key of a profile row: the `OperatorProfile` as JSON
 PROFILE_DETAIL = "profile"
 #: fingerprint prefix of profile rows (never a candidate's fingerprint)
 PROFILE_PREFIX = "profile:"
+#: how far (relative) a profile's per-operator sum may be from its unprofiled whole-model time
+DEFAULT_TOLERANCE = 0.20
+#: how far (absolute, per timed kernel) it may be instead: a profiler's own bookkeeping per
+#: kernel measured 1-1.5 us here (ORT after its calibrated overhead is taken off, OpenVINO's
+#: counters); 2 us bounds it
+PER_KERNEL_TOLERANCE_S = 2e-6
 
 
 class ProfileMethod(str, enum.Enum):
@@ -74,7 +84,10 @@ class OperatorProfile:
     ``groups``: (ONNX node names, seconds per run) for every kernel or segment the profiler
     attributed; ``unattributed_s``: kernel time attributed to no node; ``runs``: profiled runs
     the medians come from; ``whole_s``: the same worker's *unprofiled* whole-model median,
-    filled by `profile_measure`; ``notes``: one line on anything the consumer should know.
+    filled by `profile_measure`; ``notes``: one line on anything the consumer should know;
+    ``kernels``: the kernels (or segments) the profiler timed (0: not recorded, the groups
+    count instead); ``rejected``: when this profile stands in for the toolchain's own
+    profiler's, why that one was not used (one line; `profile_measure`).
     """
 
     method: ProfileMethod
@@ -83,6 +96,8 @@ class OperatorProfile:
     runs: int = 0
     whole_s: float = 0.0
     notes: str = ""
+    kernels: int = 0
+    rejected: str = ""
 
     @property
     def profiled_total_s(self) -> float:
@@ -94,11 +109,39 @@ class OperatorProfile:
         """Per-operator sum / unprofiled whole-model time (nan when the latter is unknown)."""
         return self.profiled_total_s / self.whole_s if self.whole_s > 0 else float("nan")
 
+    def problem(self, tolerance: float = DEFAULT_TOLERANCE,
+                per_kernel_s: float = PER_KERNEL_TOLERANCE_S) -> str | None:
+        """Why the profile's per-node shares cannot be trusted as costs (one line), or None.
+
+        The shares are normalised to ``whole_s``, so every single-toolchain whole-model
+        estimate is exact whatever the profile says; what must hold is that the per-operator
+        sum is the whole model's time spread over its operators. It may differ from
+        ``whole_s`` by ``tolerance`` (relative) *or* by ``per_kernel_s`` per timed kernel
+        (absolute): on a model of ~50 us a profiler's fixed bookkeeping of 1-2 us per kernel
+        is a large ratio but not a wrong share. Beyond both, or with more than ``tolerance``
+        of the profiled time on no ONNX node, the shares are not trusted."""
+        total = self.profiled_total_s
+        attributed = sum(s for _, s in self.groups)
+        name = self.method.value
+        if not (self.whole_s > 0 and math.isfinite(self.whole_s)) or total <= 0:
+            return f"{name} profile has no time (whole {self.whole_s!r} s, operators {total!r} s)"
+        kernels = self.kernels or len(self.groups)
+        slack = max(tolerance * self.whole_s, per_kernel_s * kernels)
+        if abs(total - self.whole_s) > slack:
+            return (f"{name} per-operator sum {total * 1e3:.3f} ms is {self.ratio:.2f}x the "
+                    f"unprofiled whole model's {self.whole_s * 1e3:.3f} ms (more than "
+                    f"{tolerance:.0%} or {per_kernel_s * 1e6:.1f} us x {kernels} kernels off)")
+        if attributed < (1.0 - tolerance) * total:
+            return f"{name} profile puts only {attributed / total:.0%} of its time on ONNX nodes"
+        return None
+
     def to_json(self) -> str:
         return json.dumps({"method": self.method.value,
                            "groups": [[list(n), s] for n, s in self.groups],
                            "unattributed_s": self.unattributed_s, "runs": self.runs,
-                           "whole_s": self.whole_s, "notes": self.notes}, sort_keys=True)
+                           "whole_s": self.whole_s, "notes": self.notes,
+                           "kernels": self.kernels, "rejected": self.rejected},
+                          sort_keys=True)
 
     @staticmethod
     def from_json(text: str | Mapping[str, Any]) -> OperatorProfile:
@@ -107,7 +150,8 @@ class OperatorProfile:
             method=ProfileMethod(d["method"]),
             groups=tuple((tuple(str(x) for x in n), float(s)) for n, s in d["groups"]),
             unattributed_s=float(d.get("unattributed_s", 0.0)), runs=int(d.get("runs", 0)),
-            whole_s=float(d.get("whole_s", 0.0)), notes=str(d.get("notes", "")))
+            whole_s=float(d.get("whole_s", 0.0)), notes=str(d.get("notes", "")),
+            kernels=int(d.get("kernels", 0)), rejected=str(d.get("rejected", "")))
 
 
 class Profiler(abc.ABC):
@@ -138,8 +182,13 @@ def profile_config(rounds: int = 5, runs: int = 20, threads: int = 1) -> Measure
 def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None = None
                     ) -> MeasureResult:
     """The worker's answer to a profile request: unprofiled whole-model timing, then the
-    toolchain's profile, as one `Kind.PROFILED` result (module docstring). A toolchain with no
-    profiler, or a profiler that raises, gives a failed result that says so."""
+    toolchain's profile, as one `Kind.PROFILED` result (module docstring).
+
+    When the toolchain's own profiler raises, or its profile fails `OperatorProfile.problem`
+    against this timing, the profile is taken again by prefix differences at thin cuts
+    (`PrefixProfiler`: timing only, any toolchain), and the result's profile says in
+    ``rejected`` why. A toolchain with no profiler, or whose fallback fails too, gives a
+    failed result that says so."""
     t0 = time.perf_counter()
     build, config = inp.build, inp.config
     profiler = tc.profiler()
@@ -152,23 +201,44 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     if not base.ok:
         return dataclasses.replace(base, config=config, kind=Kind.PROFILED)
     source = onnx_bytes if onnx_bytes is not None else build.artifact
+    runs = max(1, int(config.min_round_runs))
     try:
-        prof = profiler.profile(build, source, warm, max(1, int(config.min_round_runs)))
+        prof: OperatorProfile | None = profiler.profile(build, source, warm, runs)
     except Exception as e:
-        return MeasureResult.failed(build, Status.RUNTIME_ERROR,
-                                    f"profiler {profiler.method.value} failed: "
-                                    f"{type(e).__name__}: {e}"[:4000], config,
-                                    kind=Kind.PROFILED, device=base.device,
-                                    toolchain_version=base.toolchain_version)
+        prof = None
+        rejected = f"profiler {profiler.method.value} failed: {type(e).__name__}: {e}"
     after = tc.measure(MeasureInput(build, warm))  # bracket the profile: drift hits both
     if after.ok:
         samples = (*base.samples, *after.samples)
         base = dataclasses.replace(base, samples=samples, summary=Summary.of(samples))
-    prof = dataclasses.replace(prof, whole_s=base.seconds)
+    if prof is not None:
+        prof = _with_whole(prof, base.seconds)
+        rejected = prof.problem() or ""
+    if rejected and profiler.method is not ProfileMethod.PREFIXES:
+        try:
+            prof = _with_whole(PrefixProfiler(tc).profile(build, source, warm, runs),
+                               base.seconds)
+            prof = dataclasses.replace(prof, rejected=" ".join(rejected.split())[:300])
+        except Exception as e:
+            rejected += f"; prefixes failed too: {type(e).__name__}: {e}"
+            prof = None
+    if prof is None:
+        return MeasureResult.failed(build, Status.RUNTIME_ERROR, rejected[:4000], config,
+                                    kind=Kind.PROFILED, device=base.device,
+                                    toolchain_version=base.toolchain_version)
     return dataclasses.replace(
         base, config=config, kind=Kind.PROFILED, measure_s=time.perf_counter() - t0,
         details=(*base.details, (PROFILE_DETAIL, prof.to_json()),
                  ("profile_method", prof.method.value), ("profile_ratio", prof.ratio)))
+
+
+def _with_whole(prof: OperatorProfile, bracket_s: float) -> OperatorProfile:
+    """``prof`` with its ``whole_s``: the bracket timing, or for a prefix profile its own last
+    prefix (the whole model): its segments add up to that by construction, and the bracket
+    timing of the same model seconds apart differs from it by the machine's drift, not by a
+    wrong share."""
+    own = prof.method is ProfileMethod.PREFIXES and prof.profiled_total_s > 0
+    return dataclasses.replace(prof, whole_s=prof.profiled_total_s if own else bracket_s)
 
 
 # ----------------------------------------------------------------------------------------
@@ -268,3 +338,117 @@ def strip_suffixes(name: str, known: Iterable[str], suffixes: Sequence[str]) -> 
                 break
         else:
             return None
+
+
+# ----------------------------------------------------------------------------------------
+# prefixes (no per-operator timer)
+
+
+def thin_cuts(topo: OnnxTopology, segments: int) -> list[int]:
+    """Up to ``segments - 1`` cut positions (prefix lengths) of the model's node order where the
+    fewest tensors cross, spread evenly; each cut keeps at least one node on either side."""
+    n = len(topo.names)
+    if n < 2 or segments < 2:
+        return []
+    index = {name: i for i, name in enumerate(topo.names)}
+    last_use: dict[str, int] = {}
+    for name in topo.names:
+        for t in topo.inputs[name]:
+            if t in topo.producer:
+                last_use[t] = max(last_use.get(t, 0), index[name])
+    crossing = []
+    for p in range(1, n):
+        crossing.append(sum(1 for t, u in last_use.items()
+                            if index[topo.producer[t]] < p <= u))
+    thin = min(crossing)
+    positions = [p for p, c in zip(range(1, n), crossing) if c == thin]
+    k = min(segments - 1, len(positions))
+    picks = {positions[round(i * (len(positions) - 1) / max(1, k - 1))] for i in range(k)} \
+        if k > 1 else {positions[len(positions) // 2]}
+    return sorted(picks)
+
+
+class PrefixProfiler(Profiler):
+    """Differences of timed prefixes (module docstring); any toolchain's build and measure."""
+
+    method = ProfileMethod.PREFIXES
+
+    def __init__(self, toolchain: Toolchain, segments: int = 6) -> None:
+        self.toolchain = toolchain
+        self.segments = segments
+
+    def _prefix_build(self, build: BuildResult, model: Any, names: Sequence[str],
+                      tag: str) -> BuildResult:
+        import onnx.utils
+
+        topo_outputs = _prefix_outputs(model, set(names))
+        sub = onnx.utils.Extractor(model).extract_model(
+            [i.name for i in model.graph.input
+             if i.name not in {x.name for x in model.graph.initializer}], topo_outputs)
+        sub.ir_version = model.ir_version
+        fp = f"{build.fingerprint}:{tag}"
+        b = self.toolchain.build(BuildInput(fp, build.target, sub.SerializeToString()))
+        if not b.ok:
+            raise RuntimeError(f"prefix {tag} does not build: {b.error[:200]}")
+        return b
+
+    def _interleaved_s(self, builds: Sequence[BuildResult], config: MeasureConfig
+                       ) -> list[float]:
+        """Median seconds of each build, timed in ``config.rounds`` rounds that visit every
+        build once (drift hits every prefix alike, as it hits every segment's difference)."""
+        one = dataclasses.replace(config, mode="warm", rounds=1)
+        samples: list[list[float]] = [[] for _ in builds]
+        for _ in range(max(1, int(config.rounds))):
+            for i, b in enumerate(builds):
+                m = self.toolchain.measure(MeasureInput(b, one))
+                if not m.ok:
+                    raise RuntimeError(f"prefix {i} does not run: {m.error[:200]}")
+                samples[i].append(m.seconds)
+        return [float(statistics.median(x)) for x in samples]
+
+    def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
+                runs: int) -> OperatorProfile:
+        import onnx
+
+        model = onnx.load_from_string(onnx_bytes)
+        topo = OnnxTopology.of(onnx_bytes)
+        cuts = thin_cuts(topo, self.segments)
+        bounds = [0, *cuts, len(topo.names)]
+        builds = [self._prefix_build(build, model, topo.names[:p], f"p{i}")
+                  for i, p in enumerate(cuts)] + [build]
+        totals = [0.0, *self._interleaved_s(builds, config)]
+        fixed = monotone_totals(totals)
+        groups = [(tuple(topo.names[bounds[i]:bounds[i + 1]]), fixed[i + 1] - fixed[i])
+                  for i in range(len(bounds) - 1)]
+        notes = f"{len(groups)} segments at thin cuts {cuts}, prefixes timed interleaved"
+        bent = sum(1 for a, b in zip(totals, fixed) if a != b)
+        if bent:
+            notes += f"; {bent} prefix times out of order set to their neighbours'"
+        return OperatorProfile(self.method, tuple(groups), 0.0, int(config.rounds),
+                               notes=notes, kernels=len(groups))
+
+
+def _prefix_outputs(model: Any, inside: set[str]) -> list[str]:
+    """The tensors a prefix (the nodes named ``inside``) must give: those read after it, and the
+    model's outputs it makes."""
+    made: list[str] = []
+    after: set[str] = set(o.name for o in model.graph.output)
+    for i, n in enumerate(model.graph.node):
+        name = n.name or f"{n.op_type}_{i}"
+        if name in inside:
+            made += [o for o in n.output if o]
+        else:
+            after.update(x for x in n.input if x)
+    return [t for t in made if t in after]
+
+
+def monotone_totals(totals: Sequence[float]) -> list[float]:
+    """Prefix times made non-decreasing and bounded by the whole model's (the last): each
+    clipped to [the previous one, the last]. A longer prefix cannot cost less; timing noise
+    can say so, and clipping (rather than counting a negative difference as 0) keeps the
+    segments' sum equal to the whole model's time."""
+    out: list[float] = []
+    whole = totals[-1]
+    for t in totals:
+        out.append(min(max(t, out[-1] if out else 0.0), whole))
+    return out

@@ -13,15 +13,15 @@
 * `OpenVinoCountersProfiler` (OpenVINO CPU): compiled with ``PERF_COUNT``; after each run
   ``InferRequest.get_profiling_info()`` gives every executed layer's ``real_time``, and the
   runtime model's layers carry ``originalLayersNames`` (the ONNX nodes fused into them).
-* `PrefixProfiler` (LiteRT, or any toolchain without a per-operator timer): the model cut into
-  prefixes at thin cuts (positions of the topological order where the fewest tensors cross),
-  each prefix built and timed warm by the toolchain itself; a segment costs the difference of
-  the two prefixes around it. Segments are the profile's groups.
+* `PrefixProfiler` (LiteRT, or any toolchain without a per-operator timer, and every
+  toolchain's fallback; it lives in `runners.profile` and is re-exported here): the model cut
+  into prefixes at thin cuts (positions of the topological order where the fewest tensors
+  cross), each prefix built and timed warm by the toolchain itself; a segment costs the
+  difference of the two prefixes around it. Segments are the profile's groups.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -29,20 +29,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runners.base import BuildInput, BuildResult, MeasureConfig, MeasureInput
+from runners.base import BuildResult, MeasureConfig
 from runners.onnx_base import feeds_for, seed_of
 from runners.profile import (
     OnnxTopology,
     OperatorProfile,
+    PrefixProfiler,
     ProfileMethod,
     Profiler,
     attach_unassigned,
     groups_from,
     medians,
+    thin_cuts,
 )
 
 if TYPE_CHECKING:
-    from runners.base import Toolchain
     from runners.ort import OrtCpuToolchain
 
 __all__ = ["Kernel", "OpenVinoCountersProfiler", "OrtTraceProfiler", "PrefixProfiler",
@@ -267,6 +268,7 @@ class OrtTraceProfiler(Profiler):
         groups, unattributed = kernel_groups(topo, kernels)
         stray = sum(times.values())  # kernels the optimised model does not name
         return OperatorProfile(self.method, groups, unattributed + stray, runs,
+                               kernels=len(kernels),
                                notes=f"{len(kernels)} kernels for {len(topo.names)} nodes; "
                                f"{overhead * 1e6:.1f} us profiler overhead per kernel "
                                "subtracted")
@@ -313,100 +315,6 @@ class OpenVinoCountersProfiler(Profiler):
             kernels.append(Kernel(name, times.pop(name, 0.0), anchors, ins, (name,)))
         groups, unattributed = kernel_groups(topo, kernels)
         return OperatorProfile(self.method, groups, unattributed + sum(times.values()), runs,
+                               kernels=len(kernels),
                                notes=f"{len(kernels)} runtime layers for {len(topo.names)} "
                                "nodes")
-
-
-# ----------------------------------------------------------------------------------------
-# prefixes (no per-operator timer)
-
-
-def thin_cuts(topo: OnnxTopology, segments: int) -> list[int]:
-    """Up to ``segments - 1`` cut positions (prefix lengths) of the model's node order where the
-    fewest tensors cross, spread evenly; each cut keeps at least one node on either side."""
-    n = len(topo.names)
-    if n < 2 or segments < 2:
-        return []
-    index = {name: i for i, name in enumerate(topo.names)}
-    last_use: dict[str, int] = {}
-    for name in topo.names:
-        for t in topo.inputs[name]:
-            if t in topo.producer:
-                last_use[t] = max(last_use.get(t, 0), index[name])
-    crossing = []
-    for p in range(1, n):
-        crossing.append(sum(1 for t, u in last_use.items()
-                            if index[topo.producer[t]] < p <= u))
-    thin = min(crossing)
-    positions = [p for p, c in zip(range(1, n), crossing) if c == thin]
-    k = min(segments - 1, len(positions))
-    picks = {positions[round(i * (len(positions) - 1) / max(1, k - 1))] for i in range(k)} \
-        if k > 1 else {positions[len(positions) // 2]}
-    return sorted(picks)
-
-
-class PrefixProfiler(Profiler):
-    """Differences of timed prefixes (module docstring); any toolchain's build and measure."""
-
-    method = ProfileMethod.PREFIXES
-
-    def __init__(self, toolchain: Toolchain, segments: int = 6) -> None:
-        self.toolchain = toolchain
-        self.segments = segments
-
-    def _prefix_s(self, build: BuildResult, model: Any, names: Sequence[str],
-                  config: MeasureConfig, tag: str) -> float:
-        import onnx.utils
-
-        topo_outputs = _prefix_outputs(model, set(names))
-        sub = onnx.utils.Extractor(model).extract_model(
-            [i.name for i in model.graph.input
-             if i.name not in {x.name for x in model.graph.initializer}], topo_outputs)
-        sub.ir_version = model.ir_version
-        fp = f"{build.fingerprint}:{tag}"
-        b = self.toolchain.build(BuildInput(fp, build.target, sub.SerializeToString()))
-        if not b.ok:
-            raise RuntimeError(f"prefix {tag} does not build: {b.error[:200]}")
-        m = self.toolchain.measure(MeasureInput(b, config))
-        if not m.ok:
-            raise RuntimeError(f"prefix {tag} does not run: {m.error[:200]}")
-        return m.seconds
-
-    def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
-                runs: int) -> OperatorProfile:
-        import onnx
-
-        model = onnx.load_from_string(onnx_bytes)
-        topo = OnnxTopology.of(onnx_bytes)
-        cuts = thin_cuts(topo, self.segments)
-        warm = dataclasses.replace(config, mode="warm")
-        bounds = [0, *cuts, len(topo.names)]
-        totals = [0.0]
-        for i, p in enumerate(bounds[1:]):
-            totals.append(self._prefix_s(build, model, topo.names[:p], warm, f"p{i}")
-                          if p < len(topo.names) else
-                          self.toolchain.measure(MeasureInput(build, warm)).seconds)
-        groups = []
-        clamped = 0
-        for i in range(len(bounds) - 1):
-            d = totals[i + 1] - totals[i]
-            clamped += d < 0
-            groups.append((tuple(topo.names[bounds[i]:bounds[i + 1]]), max(0.0, d)))
-        notes = f"{len(groups)} segments at thin cuts {cuts}"
-        if clamped:
-            notes += f"; {clamped} negative differences counted as 0"
-        return OperatorProfile(self.method, tuple(groups), 0.0, len(bounds) - 1, notes=notes)
-
-
-def _prefix_outputs(model: Any, inside: set[str]) -> list[str]:
-    """The tensors a prefix (the nodes named ``inside``) must give: those read after it, and the
-    model's outputs it makes."""
-    made: list[str] = []
-    after: set[str] = set(o.name for o in model.graph.output)
-    for i, n in enumerate(model.graph.node):
-        name = n.name or f"{n.op_type}_{i}"
-        if name in inside:
-            made += [o for o in n.output if o]
-        else:
-            after.update(x for x in n.input if x)
-    return [t for t in made if t in after]

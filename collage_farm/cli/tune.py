@@ -91,9 +91,10 @@ def _add_cost_args(p: argparse.ArgumentParser) -> None:
                    default=MeasureStrategy.EXHAUSTIVE.value,
                    help="how candidates get costs: exhaustive (default: every candidate the "
                    "search asks for measured in isolation) or profile (experimental: each "
-                   "target's whole model profiled per operator in network; only the uncertain "
-                   "candidates on the best plans, and the confirmation step, are measured in "
-                   "isolation)")
+                   "target's whole model profiled per operator in network, or by prefix "
+                   "differences where its profiler is not trusted; candidates cost their "
+                   "nodes' shares plus measured cut costs, and none is measured in isolation "
+                   "unless a target has no usable profile)")
     p.add_argument("--no-cut-costs", action="store_true",
                    help="do not measure this model's cut cost per target (each chunk inside "
                    "chains of other toolchains vs its own) for the search's transitions")

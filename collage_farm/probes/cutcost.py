@@ -70,6 +70,9 @@ class CutCosts:
     #: target id -> seconds per cut between two partitions of that target (probed with
     #: ``wholes``: the all-target chain against the whole model in one partition; else empty)
     same_cuts: dict[str, float] = field(default_factory=dict)
+    #: target id -> its whole model's median seconds in the same interleaved rounds (probed
+    #: with ``wholes``; else empty): every target's whole model on one time base
+    wholes_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
@@ -77,6 +80,8 @@ class CutCosts:
                "wall_s": self.wall_s, "cached": self.cached}
         if self.same_cuts:
             out["same_cuts_s"] = dict(self.same_cuts)
+        if self.wholes_s:
+            out["wholes_s"] = dict(self.wholes_s)
         return out
 
 
@@ -149,8 +154,9 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     chain_s = {label: statistics.median(xs) for label, xs in totals.items() if xs}
     same = {t.id: max(0.0, (chain_s[t.id] - chain_s[f"{t.id}@whole"]) / (len(masks) - 1))
             for t in targets if t.id in chain_s and f"{t.id}@whole" in chain_s}
+    wholes_s = {t.id: chain_s[f"{t.id}@whole"] for t in targets if f"{t.id}@whole" in chain_s}
     out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0,
-                   same_cuts=same)
+                   same_cuts=same, wholes_s=wholes_s)
     log.info("cut costs for %s: %s (%d chunks, %d rounds, %.1f s)", graph.name,
              {k: f"{v * 1e6:.0f} us" for k, v in cuts.items()}, len(masks), done, out.wall_s)
     return out
@@ -182,11 +188,11 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
                             strictness="device")
         if all((fp, t.measure_key) in hits and hits[fp, t.measure_key].ok for t in targets):
             cuts = {t.id: hits[fp, t.measure_key].seconds for t in targets}
-            same = {t.id: float(hits[fp, t.measure_key].details_dict()["same_cut_s"])
-                    for t in targets
-                    if "same_cut_s" in hits[fp, t.measure_key].details_dict()}
+            details = {t.id: hits[fp, t.measure_key].details_dict() for t in targets}
+            same = {k: float(d["same_cut_s"]) for k, d in details.items() if "same_cut_s" in d}
+            wholes_s = {k: float(d["whole_s"]) for k, d in details.items() if "whole_s" in d}
             return CutCosts(cuts, max(1, min(chunks, len(graph.nodes))), 0, cached=True,
-                            same_cuts=same)
+                            same_cuts=same, wholes_s=wholes_s)
     if not measure:
         return None
     cc = measure_cut_costs(graph, targets, chunks=chunks, wholes=wholes, **probe)
@@ -202,7 +208,9 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
                             measure_s=cc.wall_s,
                             details=(("chunks", cc.chunks), ("rounds", cc.rounds),
                                      *((("same_cut_s", cc.same_cuts[t.id]),)
-                                       if t.id in cc.same_cuts else ())))
+                                       if t.id in cc.same_cuts else ()),
+                                     *((("whole_s", cc.wholes_s[t.id]),)
+                                       if t.id in cc.wholes_s else ())))
         writer.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
                                       nodes=[], op_types=["cut"]))
     return cc

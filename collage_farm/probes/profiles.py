@@ -2,7 +2,9 @@
 
 A profile run (`runners.profile`) is a farm measurement of the whole model whose
 `runners.base.MeasureConfig` mode is ``profile``: the runner's worker times the whole model
-unprofiled, then reads the toolchain's own per-operator profile, and the result is one row of
+unprofiled, then reads the toolchain's own per-operator profile (or, where that fails or is not
+trusted, prefix differences of the same toolchain, whose ``rejected`` says why, shown in the
+outcome's JSON), and the result is one row of
 kind ``profiled`` in the cost table, fingerprint ``profile:<whole-model structural hash>``, the
 `runners.profile.OperatorProfile` as JSON in its details. A later campaign on the same model and
 machine reads the row back instead of profiling again (so a re-run profiles nothing and
@@ -48,7 +50,8 @@ class ProfileOutcome:
         p = self.profile
         return {"method": p.method.value if p else None, "ratio": p.ratio if p else None,
                 "whole_s": p.whole_s if p else None, "groups": len(p.groups) if p else 0,
-                "cached": self.cached, "error": self.error or None}
+                "cached": self.cached, "error": self.error or None,
+                "rejected": (p.rejected or None) if p else None}
 
 
 def profile_fingerprint(graph: DataflowGraph) -> str:

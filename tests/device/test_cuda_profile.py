@@ -4,8 +4,9 @@
 trace duration is its run time; on the GPU ONNX Runtime's trace times each CUDA kernel's host
 side (the launch), which is not what the GPU spends. So this test checks what must hold either
 way (the profile request succeeds, is kind ``profiled``, names only the model's nodes and
-covers all of them), and prints the per-operator sum over the unprofiled whole model, which
-the campaign's 20% check then accepts or rejects (`estimators.profiled`).
+covers all of them), and prints the per-operator sum over the unprofiled whole model. A trace
+that sum rejects (`runners.profile.OperatorProfile.problem`) is replaced on the worker by
+prefix differences at thin cuts, whose ``rejected`` says why; it must cover the nodes as well.
 """
 
 from __future__ import annotations
@@ -43,5 +44,6 @@ def test_ort_cuda_profile_request(name: str, kw: dict) -> None:
     print(f"\n{name} ort-cuda: {len(g.nodes)} nodes, {len(prof.groups)} groups, "
           f"{covered:.0%} of nodes in a group, whole {r.seconds * 1e6:.1f} us unprofiled, "
           f"per-operator sum / whole = {prof.ratio:.3f}, unattributed "
-          f"{prof.unattributed_s * 1e6:.1f} us")
+          f"{prof.unattributed_s * 1e6:.1f} us, method {prof.method.value}"
+          + (f" (trace not used: {prof.rejected})" if prof.rejected else ""))
     assert covered > 0.9

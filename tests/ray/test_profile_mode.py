@@ -1,15 +1,10 @@
-"""``tune --measure profile`` (experimental) on mnist against ``--measure exhaustive`` (the
-default), on the shared Ray cluster: profile mode profiles each target's whole model once,
-records the profiles as ``profiled`` rows, measures in isolation only what can change the
-decision when a profile is usable, falls back to isolated measurement (with a warning) when it
-is not, and writes a plan checked end to end like exhaustive mode's. A re-run on the same table
-profiles nothing.
-
-What is not asserted, because it does not hold yet: that a profile is usable on a loaded 2-core
-machine (the 20% check rejects it there, correctly), that profile mode measures fewer candidates
-than exhaustive mode (on mnist, whose lazy exhaustive search measures ~40, one run of profile
-mode measured 52), and that a profile-mode re-run reproduces the first run's estimate
-(screening and confirmation can settle on another path)."""
+"""``tune --measure profile`` on mnist on the shared Ray cluster: each target's whole model is
+profiled once and recorded as a ``profiled`` row; the search measures no candidate in isolation
+when every profile is usable (a profile the worker cannot trust is replaced there by prefix
+differences, said in one warning line); the plan is checked end to end like exhaustive mode's.
+A re-run on the same table profiles and measures nothing and reproduces the estimate and the
+plan; ``--offline --measure profile`` on that table writes the same plan at the same estimate.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +22,7 @@ from collage_farm.costtable import CostTable
 pytest.importorskip("openvino")
 
 FAST = ("--targets", "ort-cpu,openvino-cpu", "--refine-trials", "1", "--refine-time", "20",
-        "--verify-extend-rounds", "0", "--no-report", "--json")
+        "--verify-extend-rounds", "0", "--no-report", "--json", "--measure", "profile")
 
 
 def _tune(*argv: str) -> dict:
@@ -37,25 +32,37 @@ def _tune(*argv: str) -> dict:
     return json.loads(buf.getvalue())
 
 
-def test_profile_mode_profiles_each_target_once_and_reuses_the_profiles(
-        ray_cluster: Any, tmp_path: Path) -> None:
-    ex = _tune("--out", str(tmp_path / "ex"),
-               "--cost-table", str(tmp_path / "ex_costs"))
-    pr = _tune("--measure", "profile", "--out", str(tmp_path / "pr"), "--cost-table",
-               str(tmp_path / "pr_costs"))
-    assert ex["measure"] == "exhaustive" and ex["profiled"] == 0 and ex["profile"] is None
+def _plan(out: Path) -> list[tuple[str, tuple[str, ...]]]:
+    plan = json.loads((out / "plan.json").read_text())
+    return sorted((p["target"], tuple(p["nodes"])) for p in plan["partitions"])
+
+
+def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
+                                                             tmp_path: Path) -> None:
+    table = tmp_path / "costs"
+    pr = _tune("--out", str(tmp_path / "pr"), "--cost-table", str(table))
     assert pr["measure"] == "profile" and pr["profiled"] == 2  # one profile run per target
-    assert pr["measure_mode"] == ex["measure_mode"] == "network"  # the cache mode, as before
+    assert pr["measure_mode"] == "network"  # the cache mode candidates would be timed in
     usable = pr["profile"]["profiled_targets"]
-    assert len(pr["profile"]["warnings"]) == 2 - len(usable)  # each rejection is said
-    if len(usable) == 2:  # no fallback: only the screen and the confirmation measure
-        assert pr["measured"] <= pr["screen"]["measured"] + pr["confirm"]["remeasured"]
-    for s in (pr, ex):
-        assert s["plan_measured_s"] > 0 and s["plan_is"]
-    rows = CostTable(tmp_path / "pr_costs").rows({"kind": "profiled"})
+    fallbacks = [w for w in pr["profile"]["warnings"] if "measured in isolation" in w]
+    assert len(fallbacks) == 2 - len(usable)  # each target without a profile is said
+    if len(usable) == 2:  # no fallback: the search and the confirmation measure nothing
+        assert pr["measured"] == 0 and pr["confirm"]["remeasured"] == 0
+    assert pr["plan_measured_s"] > 0 and pr["plan_is"]
+    rows = CostTable(table).rows({"kind": "profiled"})
     assert len(rows) == 2 and all(r.schema_version == 2 for r in rows)
     assert all(r.fingerprint.startswith("profile:") for r in rows)
 
-    again = _tune("--measure", "profile", "--out", str(tmp_path / "pr2"), "--cost-table",
-                  str(tmp_path / "pr_costs"))
-    assert again["profiled"] == 0  # the profiles are rows of the table now
+    again = _tune("--out", str(tmp_path / "pr2"), "--cost-table", str(table))
+    assert again["profiled"] == 0 and again["measured"] == 0  # all rows of the table now
+    assert again["dijkstra_estimated_s"] == pytest.approx(pr["dijkstra_estimated_s"],
+                                                          rel=1e-12)
+    assert _plan(tmp_path / "pr2") == _plan(tmp_path / "pr")
+
+    off = _tune("--offline", "--out", str(tmp_path / "off"), "--cost-table", str(table))
+    assert off["estimator"] == "table" and off["measured"] == 0 and off["profiled"] == 0
+    assert off["profile"]["profiled_targets"] == again["profile"]["profiled_targets"]
+    assert off["dijkstra_estimated_s"] == pytest.approx(again["dijkstra_estimated_s"],
+                                                        rel=1e-12)
+    assert _plan(tmp_path / "off") == _plan(tmp_path / "pr2")
+    assert off["plan_is"] == again["plan_is"]
