@@ -85,7 +85,7 @@ from collage_farm.postsearch.moves import parts_from_names, to_search_result
 from collage_farm.postsearch.screen import screen
 from collage_farm.postsearch.vela_whole import baseline_candidates
 from collage_farm.probes.cutcost import cached_cut_costs
-from collage_farm.probes.profiles import collect_profiles
+from collage_farm.probes.profiles import collect_profiles, table_has_profiles
 from collage_farm.probes.transitions import measured_transition_model
 from collage_farm.report import write_report
 from collage_farm.report.summary import story_keys
@@ -168,9 +168,9 @@ class TuneOptions:
     confirm_rounds: int = 3  # re-measure the chosen path, re-search (`confirm`); 0 disables
     report: bool = True  # report.html + PNGs beside the plan
     # how candidates get costs (`MeasureStrategy`): "profile" (in-network operator profiles,
-    # `estimators.profiled`) or "exhaustive" (every candidate measured in isolation)
-    # exhaustive until profile mode's plans and estimates match it (bench/profile_mode.py)
-    measure: str = MeasureStrategy.EXHAUSTIVE.value
+    # `estimators.profiled`), "exhaustive" (every candidate measured in isolation) or ""
+    # (the cost source's default, `measure_strategy`)
+    measure: str = ""
     profile_tolerance: float = DEFAULT_TOLERANCE  # profile sum vs whole model: else fall back
     # plans whose uncertain candidates are measured in isolation (`screen`); 0: none, as an
     # isolated cost mixed into profile shares misprices mixed plans (estimators.profiled)
@@ -203,6 +203,22 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
         caps = capabilities_for(t.toolchain)
         specs.append(default_spec(t, caps.supports, caps.style, options))
     return specs
+
+
+def measure_strategy(opts: TuneOptions, graph: DataflowGraph) -> MeasureStrategy:
+    """How this campaign's candidates get costs: ``opts.measure`` when given; else ``profile``
+    for a farm campaign, and for an offline one whose table holds this model's profile rows
+    (so it prices as the campaign that wrote them did); else ``exhaustive`` (an offline table
+    of isolated measurements; simulated boards, which have no profiler; mock costs)."""
+    if opts.measure:
+        return MeasureStrategy.parse(opts.measure)
+    if opts.estimator is CostSource.FARM:
+        return MeasureStrategy.PROFILE
+    table = campaign_table(opts)
+    if (opts.estimator is CostSource.OFFLINE and table is not None
+            and table_has_profiles(CostTable(table), graph)):
+        return MeasureStrategy.PROFILE
+    return MeasureStrategy.EXHAUSTIVE
 
 
 def make_estimator(opts: TuneOptions, graph: DataflowGraph
@@ -408,7 +424,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         cut_info: dict | None = None
         # profile mode wraps the estimator the campaign built; a caller's own is used as is
         profile_mode = (own and est.kind.reads_table
-                        and MeasureStrategy.parse(opts.measure) is MeasureStrategy.PROFILE)
+                        and measure_strategy(opts, graph) is MeasureStrategy.PROFILE)
         if opts.cut_costs and est.kind.reads_table:
             # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
             transition, cut_info = with_cut_costs(graph, opts.targets, transition,

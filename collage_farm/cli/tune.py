@@ -87,10 +87,11 @@ def _add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="cache state candidates are timed in (default network: what the rest "
                    "of the model touches is evicted before each run; with --offline: use "
                    "only rows taken in this mode)")
-    p.add_argument("--measure", choices=[m.value for m in MeasureStrategy],
-                   default=MeasureStrategy.EXHAUSTIVE.value,
-                   help="how candidates get costs: exhaustive (default: every candidate the "
-                   "search asks for measured in isolation) or profile (experimental: each "
+    p.add_argument("--measure", choices=[m.value for m in MeasureStrategy], default="",
+                   help="how candidates get costs (default: profile for a campaign that "
+                   "measures; with --offline, profile where the table holds this model's "
+                   "profile rows, else exhaustive): exhaustive (every candidate the "
+                   "search asks for measured in isolation) or profile (each "
                    "target's whole model profiled per operator in network, or by prefix "
                    "differences where its profiler is not trusted; candidates cost their "
                    "nodes' shares plus measured cut costs, and none is measured in isolation "

@@ -31,7 +31,7 @@ from runners.profile import PROFILE_DETAIL, PROFILE_PREFIX, OperatorProfile, pro
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProfileOutcome", "collect_profiles", "profile_fingerprint"]
+__all__ = ["ProfileOutcome", "collect_profiles", "profile_fingerprint", "table_has_profiles"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,14 @@ class ProfileOutcome:
 def profile_fingerprint(graph: DataflowGraph) -> str:
     """The cost-table fingerprint of a model's profile rows (structure and weights' shapes)."""
     return f"{PROFILE_PREFIX}{SubGraph(graph, graph.all_mask).structural_hash[:24]}"
+
+
+def table_has_profiles(table: CostTable, graph: DataflowGraph) -> bool:
+    """Whether ``table`` holds a profile row of ``graph`` (any target, any status)."""
+    if not table.path.is_dir():
+        return False
+    fp = profile_fingerprint(graph)
+    return table.read(filters={"fingerprint": fp}, columns=["fingerprint"]).num_rows > 0
 
 
 def _from_row(target: Target, row: CostRow) -> ProfileOutcome:

@@ -26,8 +26,10 @@ from collage_farm.costtable import CostTable
 pytest.importorskip("openvino")
 
 TARGETS = "ort-cpu,openvino-cpu"
-FAST = ("--refine-trials", "1", "--refine-time", "20", "--verify-extend-rounds", "0", "--no-report",
-        "--json")
+# exhaustive mode (every candidate measured in isolation): what this file checks is that its
+# measurements and confirmations are reused; profile mode's own run: test_profile_mode.py
+FAST = ("--measure", "exhaustive", "--refine-trials", "1", "--refine-time", "20",
+        "--verify-extend-rounds", "0", "--no-report", "--json")
 
 
 def _tune(*argv: str) -> dict:

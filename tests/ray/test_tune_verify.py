@@ -143,7 +143,7 @@ def test_tune_cli_json_refines_and_compare_spreads(ray_cluster: Any, tmp_path: P
     with redirect_stdout(buf):
         rc = main(["tune", "zoo:mnist", "--targets", TARGETS, "--out", str(tmp_path / "nv"),
                    "--cost-table", str(costs), "--no-verify", "--refine-trials", "0",
-                   "--no-report", "--json"])
+                   "--measure", "exhaustive", "--no-report", "--json"])
     assert rc == 0
     s2 = json.loads(buf.getvalue())
     assert "plan_measured_s" not in s2 and "skipped" in s2["verify"]
