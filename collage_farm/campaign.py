@@ -77,6 +77,7 @@ from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
+from collage_farm.postsearch.ethos_parts import with_ethos_figures
 from collage_farm.postsearch.moves import parts_from_names, to_search_result
 from collage_farm.postsearch.screen import screen
 from collage_farm.postsearch.vela_whole import baseline_candidates
@@ -101,7 +102,7 @@ from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
 from runners.calibration import INT8_TOOLCHAINS, calibrate
-from runners.registry import capabilities_for
+from runners.registry import capabilities_for_target
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
     """Phase 1: a rule tree per target from its toolchain's capabilities."""
     specs = []
     for t in targets:
-        caps = capabilities_for(t.toolchain)
+        caps = capabilities_for_target(t)
         specs.append(default_spec(t, caps.supports, caps.style, options))
     return specs
 
@@ -438,6 +439,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         plan.extra["never_worse"] = post.info
     if decision is not None:
         plan.extra["decision"] = decision.to_json()
+    plan = with_ethos_figures(plan, graph, opts.targets, _row_details(table))  # Ethos-U boards
     write_plan(plan, graph, result, opts.out)
     t_end = time.perf_counter()
 
@@ -473,6 +475,9 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "wall_s": t_end - t_start,
         "plan": str(Path(opts.out) / "plan.json"),
     }
+    if any(p.ethos for p in plan.partitions):
+        summary["ethos_partitions"] = {p.id: {"target": p.target, **p.ethos}
+                                       for p in plan.partitions if p.ethos}
     summary["confirm"] = confirm_info
     summary["slots"] = slots
     # `measure_mode` above is the cache mode candidates are timed in (warm | flush | network);
@@ -511,6 +516,18 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             summary["report_error"] = f"{type(e).__name__}: {e}"
     summary["wall_s"] = time.perf_counter() - t_start
     return summary
+
+
+def _row_details(table: Path | None) -> Callable[[str, Target], dict] | None:
+    """Details of the ok row of (fingerprint, target) in the campaign's cost table."""
+    if table is None or not table.exists():
+        return None
+    rows = CostTable(table)
+
+    def details_of(fp: str, target: Target) -> dict:
+        row = rows.lookup([(fp, target.measure_key)]).get((fp, target.measure_key))
+        return row.details_dict() if row is not None and row.ok else {}
+    return details_of
 
 
 def _search_parts(graph: DataflowGraph, result: SearchResult) -> tuple:

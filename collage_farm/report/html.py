@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from collage_farm.core.plan import Plan, load_plan
+from collage_farm.report.ethos import ethos_section
 from collage_farm.report.plots import cost_chart, draw_plan_graph, plot_bars, target_colors
 from collage_farm.report.summary import (
     Section,
@@ -281,6 +282,7 @@ def write_report(plan_dir: str | Path, summary: dict, measured: dict | None = No
         h += _refinement(measured.get("refine") or {})
     h.append(f"<h2>Graph</h2><img alt='graph coloured by target' src='{_png_uri(graph_png)}'>")
     h += _partitions(plan, measured)
+    h += ethos_section(plan)  # Ethos-U boards only (collage_farm.report.ethos)
     h.append(f"<h2>Costs per partition</h2><img alt='costs' src='{_png_uri(cost_png)}'>")
     h.append("</body></html>")
     out = root / "report.html"
