@@ -6,7 +6,9 @@ mode of the ``vela.ini`` bundled with ethos-u-vela, parsed by Vela's own
 compiles a TFLite flatbuffer with Vela's C++ core (``ethosu.regor.compile``), reads its
 optimised database (``perf`` rows -> ``source`` operators -> ``ext_key`` = TFLite operator
 index) into per-operator cycles, and costs the operators Vela leaves on the CPU with
-`HOST_MODEL`.
+`HOST_MODEL`. Vela's own reason for each of those (its ``Warning (supported operators)`` lines,
+`cpu_reasons`) goes with the operator (``vela_reason``), and Vela's peak usage per memory
+(``memory_peak_bytes``: SRAM, flash / DRAM) with the estimate: ``--optimise Size`` shows there.
 
 Operators Vela leaves on the CPU ("Passthrough") are priced by the host's cycle model
 (`runners.host_model`: TFLM int8 kernels on a Cortex-M, CMSIS-NN where TFLM has an optimised
@@ -217,6 +219,19 @@ def cpu_reasons(log: str) -> list[dict[str, str]]:
             for m in _REASON.finditer(log)]
 
 
+def _attach_reasons(ops: Mapping[int, dict[str, Any]], reasons: list[dict[str, str]]) -> None:
+    """Vela's reasons, in operator order, onto the operators it left on the CPU (by type)."""
+    queue: dict[str, list[dict[str, str]]] = {}
+    for r in reasons:
+        queue.setdefault(r["op"], []).append(r)
+    for i in sorted(ops):
+        rec = ops[i]
+        if rec["target"] == "cpu" and queue.get(rec["op"]):
+            r = queue[rec["op"]].pop(0)
+            rec["vela_reason"] = r["reason"]
+            rec["vela_ofm"] = r["ofm"]
+
+
 def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = None,
                   host: HostModel = HOST_MODEL) -> dict[str, Any]:
     """Compile ``tflite`` with Vela and turn its report into the cost and its details.
@@ -251,15 +266,7 @@ def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = 
             node_cycles[name] = node_cycles.get(name, 0) + (rec["cycles"] if i == 0 else 0)
     warnings = "\n".join(ln for ln in log.splitlines() if ln.strip())
     reasons = cpu_reasons(warnings)
-    queue: dict[str, list[dict[str, str]]] = {}
-    for r in reasons:
-        queue.setdefault(r["op"], []).append(r)
-    for i in sorted(ops):  # Vela's words, in operator order, for what it leaves on the CPU
-        rec = ops[i]
-        if rec["target"] == "cpu" and queue.get(rec["op"]):
-            r = queue[rec["op"]].pop(0)
-            rec["vela_reason"] = r["reason"]
-            rec["vela_ofm"] = r["ofm"]
+    _attach_reasons(ops, reasons)
     return {
         "seconds": npu_s + host_s,
         "npu_s": npu_s,
