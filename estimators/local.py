@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import queue
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 
 from collage_farm.core.target import Target
 from estimators.sources import MeasurementService
@@ -63,27 +63,30 @@ class LocalService(MeasurementService):
                 for _ in range(n - 1):
                     pool.put(LocalRunner(tcs, device_kind=kind, build_timeout_s=build_timeout_s))
                 self._pools.update(dict.fromkeys(tcs, pool))
-        self._extra = [r for p in {id(p): p for p in self._pools.values()}.values()
+        self._pooled = [r for p in {id(p): p for p in self._pools.values()}.values()
                        for r in _drain(p)]
         self._versions: dict[str, str] = {}
 
     def measure(self, requests: Iterable[MeasureRequest]) -> Iterator[MeasureResult]:
-        pooled: list[MeasureRequest] = []
-        for req in requests:
-            runner = self._by_toolchain.get(req.target.toolchain)
-            if runner is None:
-                yield MeasureResult.failed(req.build, Status.UNSUPPORTED,
-                                           f"no local runner serves {req.target.toolchain!r}",
-                                           req.config)
-            elif req.target.toolchain in self._pools:
-                pooled.append(req)
-            else:
-                yield runner.run(req.build, req.config)[1]
-        if not pooled:
-            return
-        with ThreadPoolExecutor(max_workers=len(self._extra)) as ex:
-            futures = [ex.submit(self._pooled_run, req) for req in pooled]
-            for f in as_completed(futures):
+        """Results as they finish; pooled requests are submitted as they are read, at most
+        two per pooled worker in flight (a request holds its sub-model's bytes)."""
+        workers = max(1, len(self._pooled))
+        with ThreadPoolExecutor(max_workers=workers) as ex:
+            running: set[Future[MeasureResult]] = set()
+            for req in requests:
+                runner = self._by_toolchain.get(req.target.toolchain)
+                if runner is None:
+                    yield MeasureResult.failed(req.build, Status.UNSUPPORTED,
+                                               f"no local runner serves "
+                                               f"{req.target.toolchain!r}", req.config)
+                elif req.target.toolchain in self._pools:
+                    running.add(ex.submit(self._pooled_run, req))
+                    while len(running) >= 2 * workers:
+                        done, running = wait(running, return_when=FIRST_COMPLETED)
+                        yield from (f.result() for f in done)
+                else:
+                    yield runner.run(req.build, req.config)[1]
+            for f in as_completed(running):
                 yield f.result()
 
     def _pooled_run(self, req: MeasureRequest) -> MeasureResult:
@@ -107,10 +110,10 @@ class LocalService(MeasurementService):
         return runner.device_description(target), self._versions[tc]
 
     def close(self) -> None:
-        for r in {id(r): r for r in (*self._runners.values(), *self._extra)}.values():
+        for r in {id(r): r for r in (*self._runners.values(), *self._pooled)}.values():
             r.close()
         self._runners.clear()
-        self._extra.clear()
+        self._pooled.clear()
         self._pools.clear()
         self._by_toolchain.clear()
 
