@@ -6,14 +6,15 @@ column of the toolchain comparison: more MACs per cycle should help compute-boun
 barely help memory-bound ones), (2) how much of each model it takes (capability coverage:
 nodes on the NPU / nodes), and (3) what a build costs on a farm node (int8 conversion + Vela
 compile, wall time), which bounds how many candidates per second an ``ethosu_sim`` slot serves.
-With ``--plans``, (4) a Collage campaign per model on each built-in Ethos-U board (NPU + its
-Cortex-M host, no Ray: the campaign's ``local`` estimator) against Vela whole (Vela's own NPU /
-host split): both simulated latencies, where the plan differs (nodes moved to NPU / host), the
-campaign's wall time and build count, and whether a second campaign on a fresh cost table gives
-identical costs and plan.
+With ``--plans``, (4) a Collage campaign per model on each built-in Ethos-U board (NPU, its
+``-size`` variant where the board has one, and the Cortex-M host; no Ray: the campaign's
+``local`` estimator) against Vela whole (Vela's own NPU / host split): both simulated
+latencies, whether the plan is not slower, where it differs (op types moved to NPU / host, the
+Vela options of its NPU partitions), the campaign's wall time and build count, and whether a
+second campaign on a fresh cost table gives identical costs and plan (``--once`` skips it).
 
     python bench/ethos_u.py [--out bench/results] [--quick] [--plans [--systems A,B]
-                            [--plan-models M,N]] [--no-estimates]
+                            [--plan-models M,N] [--once]] [--no-estimates]
 
 Results go to bench/results/ethosu-<host>.md with the machine description and load average
 (other jobs may share the machine; build times are wall times).
@@ -63,15 +64,28 @@ def machine() -> list[str]:
     ]
 
 
-#: models of the plan comparison (bench sizes)
+#: models of the plan comparison (bench sizes); ``pkg:`` names are the packaged real models
 PLAN_MODELS: dict[str, dict[str, object]] = {
-    "gpt2": COVERAGE_ONLY["gpt2"], "bert": COVERAGE_ONLY["bert"],
+    "gpt2": COVERAGE_ONLY["gpt2"], "gpt2-12l": {**COVERAGE_ONLY["gpt2"], "layers": 12},
+    "bert": COVERAGE_ONLY["bert"],
     "mobilenet_v2": MODELS["mobilenet_v2"], "resnet50": MODELS["resnet50"],
+    "pkg:magika": {}, "pkg:ppocr-cls": {}, "pkg:ppocr-det": {}, "pkg:ppocr-rec": {},
 }
 
 
-def _campaign(model: Path, system: str, work: Path) -> tuple[dict, list, dict, float]:
-    """One campaign on a built-in board: (summary, plan partitions, costs by fingerprint, s)."""
+def _source(name: str, kw: dict[str, object], tmp: Path) -> str:
+    """The model spec a campaign reads: a ``pkg:`` name as is, a zoo model saved as ONNX."""
+    import onnx
+
+    if name.startswith("pkg:"):
+        return name
+    path = tmp / f"{name}.onnx"
+    onnx.save(zoo.build(name.split("-")[0], **kw), path)
+    return str(path)
+
+
+def _campaign(model: str, system: str, work: Path) -> tuple[dict, dict, dict, float]:
+    """One campaign on a built-in board: (summary, plan.json, costs by fingerprint, wall s)."""
     import json
 
     from collage_farm.campaign import TuneOptions, run_tune
@@ -80,49 +94,86 @@ def _campaign(model: Path, system: str, work: Path) -> tuple[dict, list, dict, f
 
     cfg = load_config(builtin_system=system)
     t0 = time.perf_counter()
-    s = run_tune(TuneOptions(model=str(model), targets=tuple(cfg.selected_targets),
+    s = run_tune(TuneOptions(model=model, targets=tuple(cfg.selected_targets),
                              out=work / "out", estimator="local", transition=cfg.transition,
                              report=False))
     wall = time.perf_counter() - t0
     plan = json.loads((work / "out" / "plan.json").read_text())
-    parts = [(p["target"], p["nodes"]) for p in plan["partitions"]]
     costs = {r.fingerprint: r.median for r in CostTable(work / "out" / "costs").rows()}
-    return s, parts, costs, wall
+    return s, plan, costs, wall
 
 
-def plans_section(models: dict[str, dict[str, object]], systems: list[str]) -> list[str]:
+def _moved(s: dict, plan: dict) -> str:
+    """Where the plan differs from Vela's split: op types moved to NPU / host, NPU variants."""
+    op_of = {n: o for p in plan["partitions"] for n, o in zip(p["nodes"], p["op_types"])}
+    moved = s.get("moved_from_vela_whole") or {}
+
+    def ops(nodes: list[str]) -> str:
+        count: dict[str, int] = {}
+        for n in nodes:
+            count[op_of.get(n, "?")] = count.get(op_of.get(n, "?"), 0) + 1
+        return ", ".join(f"{k} {v}" for k, v in sorted(count.items())) or "-"
+
+    variants: dict[str, int] = {}
+    for t in (moved.get("npu_options") or {}).values():
+        variants[t] = variants.get(t, 0) + 1
+    return (f"to NPU: {ops(moved.get('to_npu', []))}; to host: {ops(moved.get('to_host', []))}"
+            + "".join(f"; {v} nodes as {t}" for t, v in sorted(variants.items())))
+
+
+def _options(plan: dict) -> str:
+    """Vela options of the plan's NPU partitions: partitions per ``optimise``."""
+    count: dict[str, int] = {}
+    for p in plan["partitions"]:
+        if p.get("toolchain") == "vela":
+            o = str((p.get("options") or {}).get("optimise", "Performance"))
+            count[o] = count.get(o, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(count.items())) or "-"
+
+
+def plan_row(name: str, system: str, model: str, tmp: Path, again: bool) -> str:
+    """One campaign (two with ``again``) and its table row."""
+    s, plan, costs, wall = _campaign(model, system, tmp / system / "a")
+    same = "-"
+    if again:
+        s2, plan2, costs2, _ = _campaign(model, system, tmp / system / "b")
+        parts = [(p["target"], p["nodes"]) for p in plan["partitions"]]
+        same = "identical" if (costs2 == costs and s2["estimated_total_s"] ==
+                               s["estimated_total_s"] and parts ==
+                               [(p["target"], p["nodes"]) for p in plan2["partitions"]]) \
+            else "DIFFERENT"
+    vw, total = s.get("vela_whole_estimated_s"), s["estimated_total_s"]
+    per = s["partitions_per_target"]
+    vs = (f"{vw * 1e3:.3f} | {vw / total:.3f}x | {'yes' if total <= vw else 'NO'}" if vw
+          else f"- | {str(s.get('never_worse', ''))[:60]} | -")
+    return (f"| {system} | {name} | {total * 1e3:.3f} | {vs} | {s['partitions']} ("
+            + " + ".join(f"{k} {v}" for k, v in per.items()) + f") | {_moved(s, plan)} | "
+            f"{_options(plan)} | {s['measured']} | {s['failed']} | {wall:.1f} | {same} |")
+
+
+def plans_section(models: dict[str, dict[str, object]], systems: list[str],
+                  again: bool = True) -> list[str]:
     """Collage plan vs Vela whole per model and board (module docstring, (4))."""
     import tempfile
 
-    import onnx
-
     lines = ["", "Collage plan vs Vela whole per board (simulated: Vela cycles for the NPU, the "
-             "analytic Cortex-M cycle model for the host; ms). `moved`: nodes the plan puts "
-             "elsewhere than Vela's own split; `again`: a second campaign on a fresh cost "
-             "table gave identical costs and plan.", "",
-             "| board | model | plan (ms) | Vela whole (ms) | Vela whole / plan | partitions "
-             "(NPU+host) | moved to NPU / host | builds | failed | wall (s) | again |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "analytic Cortex-M cycle model for the host; ms). `moved`: op types the plan puts "
+             "elsewhere than Vela's own split; `Vela options`: the plan's NPU partitions per "
+             "--optimise; `builds`: candidates built and costed; `again`: a second campaign "
+             "on a fresh cost table gave identical costs and plan.", "",
+             "| board | model | plan (ms) | Vela whole (ms) | Vela whole / plan | plan <= Vela "
+             "whole | partitions | moved from Vela's split | Vela options | builds | failed "
+             "| wall (s) | again |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, kw in models.items():
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / f"{name}.onnx"
-            onnx.save(zoo.build(name, **kw), path)
+            model = _source(name, kw, Path(tmp))
             for system in systems:
-                s, parts, costs, wall = _campaign(path, system, Path(tmp) / system / "a")
-                s2, parts2, costs2, _ = _campaign(path, system, Path(tmp) / system / "b")
-                again = parts2 == parts and costs2 == costs and \
-                    s2["estimated_total_s"] == s["estimated_total_s"]
-                moved = s.get("moved_from_vela_whole") or {}
-                vw = s.get("vela_whole_estimated_s")
-                per = s["partitions_per_target"]
-                lines.append(
-                    f"| {system} | {name} | {s['estimated_total_s'] * 1e3:.3f} | "
-                    + (f"{vw * 1e3:.3f} | {vw / s['estimated_total_s']:.3f}x" if vw
-                       else f"- | {s.get('never_worse', '')[:80]}")
-                    + f" | {s['partitions']} ({'+'.join(str(v) for v in per.values())}) | "
-                    f"{len(moved.get('to_npu', []))} / {len(moved.get('to_host', []))} | "
-                    f"{s['measured']} | {s['failed']} | {wall:.1f} | "
-                    f"{'identical' if again else 'DIFFERENT'} |")
+                try:
+                    lines.append(plan_row(name, system, model, Path(tmp), again))
+                except Exception as e:  # one model's failure must not lose the table
+                    lines.append(f"| {system} | {name} | FAILED: {type(e).__name__}: "
+                                 f"{str(e)[:120]} |")
                 print(lines[-1], flush=True)
     return lines
 
@@ -138,13 +189,15 @@ def main() -> None:
     ap.add_argument("--plan-models", default=",".join(PLAN_MODELS), help="models of --plans")
     ap.add_argument("--no-estimates", action="store_true",
                     help="skip the whole-model estimates per accelerator and the coverage")
+    ap.add_argument("--once", action="store_true",
+                    help="--plans: one campaign per model and board (no determinism re-run)")
     args = ap.parse_args()
     lines = ["# Simulated Ethos-U (Vela) estimates, whole zoo models", "", *machine()]
     if not args.no_estimates:
         lines += estimates_section(args.quick)
     if args.plans:
         lines += plans_section({m: PLAN_MODELS[m] for m in args.plan_models.split(",")},
-                               args.systems.split(","))
+                               args.systems.split(","), again=not args.once)
     lines += ["", "- load average at end (1/5/15 min): "
               + " / ".join(f"{x:.2f}" for x in os.getloadavg())]
     args.out.mkdir(parents=True, exist_ok=True)

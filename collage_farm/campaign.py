@@ -56,7 +56,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +81,7 @@ from collage_farm.execute import CALIBRATION_KEY, SIMULATED_TOOLCHAINS
 from collage_farm.farm import Farm
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, PostSearchOptions, post_search
+from collage_farm.postsearch.ethos_parts import with_ethos_figures
 from collage_farm.postsearch.moves import parts_from_names, to_search_result
 from collage_farm.postsearch.screen import screen
 from collage_farm.postsearch.vela_whole import baseline_candidates
@@ -106,7 +107,7 @@ from estimators.profiled import (
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
-from runners.registry import capabilities_for
+from runners.registry import capabilities_for_target
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
     """Phase 1: a rule tree per target from its toolchain's capabilities."""
     specs = []
     for t in targets:
-        caps = capabilities_for(t.toolchain)
+        caps = capabilities_for_target(t)
         specs.append(default_spec(t, caps.supports, caps.style, options))
     return specs
 
@@ -485,6 +486,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         plan.extra["never_worse"] = post.info
     if decision is not None:
         plan.extra["decision"] = decision.to_json()
+    plan = with_ethos_figures(plan, graph, opts.targets, _row_details(table))  # Ethos-U boards
     write_plan(plan, graph, result, opts.out)
     t_end = time.perf_counter()
 
@@ -521,6 +523,9 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         "plan": str(Path(opts.out) / "plan.json"),
         "cost_table": str(table) if table is not None else None,  # the report's heat map
     }
+    if any(p.ethos for p in plan.partitions):
+        summary["ethos_partitions"] = {p.id: {"target": p.target, **p.ethos}
+                                       for p in plan.partitions if p.ethos}
     summary["confirm"] = confirm_info
     summary[CALIBRATION_KEY] = plan.extra.get(CALIBRATION_KEY)
     summary["slots"] = slots
@@ -560,6 +565,18 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             summary["report_error"] = f"{type(e).__name__}: {e}"
     summary["wall_s"] = time.perf_counter() - t_start
     return summary
+
+
+def _row_details(table: Path | None) -> Callable[[str, Target], dict] | None:
+    """Details of the ok row of (fingerprint, target) in the campaign's cost table."""
+    if table is None or not table.exists():
+        return None
+    rows = CostTable(table)
+
+    def details_of(fp: str, target: Target) -> dict:
+        row = rows.lookup([(fp, target.measure_key)]).get((fp, target.measure_key))
+        return row.details_dict() if row is not None and row.ok else {}
+    return details_of
 
 
 def _search_parts(graph: DataflowGraph, result: SearchResult) -> tuple:

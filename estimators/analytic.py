@@ -23,6 +23,10 @@ whose boundary traffic is large. It is no model of real performance, and costs i
 labelled "analytic" wherever they are shown. `TableEstimator(allow_analytic=True)` uses it to
 answer costs a cost table does not hold.
 
+On a simulated Ethos-U board the NPU and Cortex-M host bounds are raised to what their known
+hardware allows (`estimators.embedded_bound`: MACs at the NPU's MACs per cycle and clock, or at
+the host model's cheapest cycles per MAC); the larger of the two bounds is used.
+
 Toolchains whose costs are not physical (the test toolchain ``null`` gives deterministic fake
 numbers) get a bound of 0: a physical bound could exceed a fake cost and break optimality.
 """
@@ -39,6 +43,7 @@ from collage_farm.core.graph import DataflowGraph, Node, OpKind
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
 from estimators.base import CostEstimator, EstimatorKind, EstimatorStats
+from estimators.embedded_bound import embedded_bound_s
 
 
 @dataclass(frozen=True)
@@ -288,6 +293,7 @@ class AnalyticEstimator(CostEstimator):
             else:
                 nbytes = w.nbytes
             s = max(w.flops / flops_peak, nbytes / peak.bytes_per_s) + peak.floor_s
+            s = max(s, embedded_bound_s(candidate) or 0.0)  # an Ethos-U board's own hardware
         if not math.isfinite(s) or s < 0:
             s = 0.0
         self._memo[fp] = s

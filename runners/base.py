@@ -384,6 +384,11 @@ class Toolchain(abc.ABC):
     def capabilities(self) -> Capabilities:
         """Which nodes this toolchain takes."""
 
+    def capabilities_for_target(self, target: Target) -> Capabilities:
+        """Which nodes this toolchain takes for ``target`` (its options may narrow or widen
+        them: Vela's accelerator); by default `capabilities`."""
+        return self.capabilities()
+
     @abc.abstractmethod
     def available(self) -> str | None:
         """None when usable on this machine, else why not (missing package, no device)."""

@@ -12,7 +12,9 @@ between activations: TFLM's float reference kernels run them on the core's FPU).
 operator is then priced by the host's cycle model (`runners.host_model`, its figures and
 sources are there), with the DEQUANTIZE / QUANTIZE a float partition needs at its boundary. A
 node the converter cannot map in either precision is refused before any conversion, with one
-line naming it (``Status.UNSUPPORTED``).
+line naming it (``Status.UNSUPPORTED``). The conversion stops short of writing the flatbuffer
+(nothing runs it: the model prices operators), and the build's artifact is the priced operator
+table as JSON (``artifact_kind="host-ops-json"``).
 
 Cost: ``seconds = cycles / host clock``; rows say ``kind=analytic`` (no board, no simulator: a
 formula over the converter's MACs and bytes). It is deterministic, so `measure` returns the one
@@ -28,6 +30,7 @@ partition is float), as for Vela's partitions (`runners.runtime_sim`).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -165,14 +168,17 @@ class CortexMToolchain(Toolchain):
                               f"map {node.op_type} node {node.name!r} ({why})")
             modes.add(mode)
         try:
+            # the cycle model prices operators, never runs bytes: no flatbuffer is written
             conv, note = convert_for_build(graph, "fp32" if "fp32" in modes else "int8",
-                                           inp.tensor_ranges)
+                                           inp.tensor_ranges, write=False)
         except ConversionFailed as e:
             return failed(e.status, e.error)
         est = price(conv, host)
         est["ranges"] = note
-        return BuildResult(inp.fingerprint, inp.target, Status.OK, artifact=conv.tflite,
-                           artifact_kind="tflite", build_s=time.perf_counter() - t0,
+        # the artifact is what was priced: the TFLite operators and their cycles, as JSON
+        ops = json.dumps(est["ops"], sort_keys=True, default=str).encode()
+        return BuildResult(inp.fingerprint, inp.target, Status.OK, artifact=ops,
+                           artifact_kind="host-ops-json", build_s=time.perf_counter() - t0,
                            details=(("host", est), ("label", inp.label)))
 
     def measure(self, inp: MeasureInput) -> MeasureResult:

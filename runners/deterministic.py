@@ -35,9 +35,10 @@ class ConversionFailed(Exception):
 
 
 def convert_for_build(graph: DataflowGraph, mode: str,
-                      tensor_ranges: tuple[tuple[str, float, float], ...]
-                      ) -> tuple[ConvertedModel, str]:
-    """``graph`` as TFLite in ``mode`` and a note on the ranges used (int8 only).
+                      tensor_ranges: tuple[tuple[str, float, float], ...], *,
+                      write: bool = True) -> tuple[ConvertedModel, str]:
+    """``graph`` as TFLite in ``mode`` and a note on the ranges used (int8 only);
+    ``write=False``: without the flatbuffer bytes (`runners.tflite.convert`).
 
     Raises `ConversionFailed` (unsupported or build failed, with the converter's words)."""
     filled = 0
@@ -46,7 +47,7 @@ def convert_for_build(graph: DataflowGraph, mode: str,
         if mode == "int8":
             given = {k: (float(lo), float(hi)) for k, lo, hi in tensor_ranges}
             ranges, filled = ranges_for(graph, given)
-        conv = convert(graph, mode, ranges)
+        conv = convert(graph, mode, ranges, write=write)
     except UnsupportedOp as e:
         raise ConversionFailed(Status.UNSUPPORTED, str(e)) from None
     except ConversionError as e:

@@ -24,7 +24,10 @@ Build (inside the runner's worker process: Vela segfaults on malformed TFLite):
    off-chip flash, activations in SRAM), ``Ethos_U65_Client_Server`` / ``Dedicated_Sram_384KB``
    for U65 (1 GHz, DRAM behind a 384 KiB SRAM cache) and ``Ethos_U85_SYS_DRAM_Mid`` /
    ``Dedicated_Sram_384KB`` for U85 (1 GHz). ``optimise`` is Vela's ``--optimise``
-   (``Performance`` by default).
+   (``Performance`` by default) and ``arena_cache_size`` its ``--arena-cache-size`` (bytes;
+   by default the memory mode's). Each is a target option, so a variant target (the built-in
+   boards' ``-size`` NPU targets: ``optimise: Size``) has its own measure key and the search
+   picks per partition.
 
 Cost: ``seconds = Vela total cycles / core clock of the system config`` for the NPU part, plus the
 host's cycle model for the operators Vela leaves on the CPU. Per-operator cycles are kept in
@@ -50,9 +53,9 @@ cycles, every time), so `measure` returns the one estimate as its one sample (n=
 `MeasureConfig` asks for; the config is still stored with the row.
 
 Capabilities: a node is taken when the converter maps it (`runners.tflite.convertible`) and the
-TFLite operator it becomes satisfies Vela's constraints for U55/U65 (the U85 takes a superset
-of those operators; its targets are checked by the same, conservative, rules). Vela publishes
-those as text
+TFLite operator it becomes satisfies Vela's constraints for the target's accelerator (U55/U65
+share one set; the U85's own set drops the stride and TRANSPOSE shape limits: `VelaCapabilities`,
+`VelaToolchain.capabilities_for_target`). Vela publishes those as text
 (``ethosu.regor.tflite_operator_constraints``, the source of ``vela --supported-ops-report``), not
 as callable checks, so the numeric ones that the converter's output can violate are restated in
 `vela_why_not` from that text (ethos-u-vela 5.2.0) and a unit test confirms each by compiling: the
@@ -209,7 +212,7 @@ def _weight_sum_why(graph: DataflowGraph, name: str, out_axis: int) -> str | Non
     return None
 
 
-def _conv_why(node: Node, graph: DataflowGraph) -> str | None:
+def _conv_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
     x = _shape(graph, node.inputs[0])
     y = _shape(graph, node.outputs[0])
     if node.inputs[1] not in graph.initializers:
@@ -221,18 +224,18 @@ def _conv_why(node: Node, graph: DataflowGraph) -> str | None:
     k_eff = tuple((wshape[2 + i] - 1) * d[i] + 1 for i in range(2))
     padding, _ = _resolve_pads(node, x[2:], k_eff, s, y[2:])
     if group != 1:
-        if max(s) > MAX_STRIDE:
+        if max(s) > MAX_STRIDE and family != "u85":
             return f"depthwise stride {s} is outside Vela's range 1..{MAX_STRIDE}"
         return _weight_sum_why(graph, node.inputs[1], 0)
-    if max(s) > MAX_STRIDE and (padding != "VALID" or max(d) != 1):
+    if max(s) > MAX_STRIDE and (padding != "VALID" or max(d) != 1) and family != "u85":
         return f"stride {s} > {MAX_STRIDE} needs dilation 1 and VALID padding on the NPU"
     return _weight_sum_why(graph, node.inputs[1], 0)
 
 
-def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
+def _pool_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
     x, y, k, s = _pool_geometry(node, graph)
     padding, _ = _resolve_pads(node, x[2:], k, s, y[2:])
-    if max(s) > MAX_STRIDE and padding != "VALID":
+    if max(s) > MAX_STRIDE and padding != "VALID" and family != "u85":
         return f"pool stride {s} > {MAX_STRIDE} needs VALID padding on the NPU"
     if node.op_type == "AveragePool" and padding == "SAME" \
             and max(k) > MAX_SAME_AVGPOOL_KERNEL:
@@ -243,21 +246,21 @@ def _pool_why(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _gemm_why(node: Node, graph: DataflowGraph) -> str | None:
+def _gemm_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
     if node.inputs[1] not in graph.initializers:
         return "weights (B) must be a constant initializer"
     trans_b = node.op_type == "Gemm" and int(_attr(node, "transB", 0))  # type: ignore[arg-type]
     return _weight_sum_why(graph, node.inputs[1], 0 if trans_b else 1)  # B's output axis
 
 
-def _softmax_why(node: Node, graph: DataflowGraph) -> str | None:
+def _softmax_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
     _, h, w, _ = _nhwc4(_shape(graph, node.inputs[0]))[-4:]
     if h * w > MAX_SOFTMAX_HW:
         return f"softmax input H*W = {h * w} exceeds {MAX_SOFTMAX_HW}"
     return None
 
 
-def _global_pool_why(node: Node, graph: DataflowGraph) -> str | None:
+def _global_pool_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
     n, _, h, w = _shape(graph, node.inputs[0])
     if node.op_type == "GlobalAveragePool":
         if n != 1:
@@ -269,7 +272,9 @@ def _global_pool_why(node: Node, graph: DataflowGraph) -> str | None:
     return None
 
 
-def _reshape_why(node: Node, graph: DataflowGraph) -> str | None:
+def _reshape_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
+    if family == "u85":  # Vela's U85 TRANSPOSE has no shape constraints
+        return None
     for t in (node.inputs[0], node.outputs[0]):
         shape = _shape(graph, t)
         if len(shape) == 4 and not _layout_noop(shape) and max(shape) > MAX_TRANSPOSE_DIM:
@@ -293,8 +298,10 @@ _VELA_CHECKS = {
 }
 
 
-def vela_why_not(node: Node, graph: DataflowGraph) -> str | None:
-    """None when the TFLite operators this node becomes satisfy Vela's U55/U65 constraints.
+def vela_why_not(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
+    """None when the TFLite operators this node becomes satisfy Vela's constraints for the
+    accelerator ``family`` (``"u55"``, ``"u65"``: the same rules; ``"u85"``: without the
+    stride and transpose-shape limits, see `VelaCapabilities`).
 
     Assumes `runners.tflite.convertible` accepted the node. Never raises.
     """
@@ -308,16 +315,27 @@ def vela_why_not(node: Node, graph: DataflowGraph) -> str | None:
     if check is None:
         return None
     try:
-        return check(node, graph)
+        return check(node, graph, family)
     except Exception as e:  # a malformed node reads as unsupported
         return f"cannot inspect node ({type(e).__name__}: {e})"
 
 
 class VelaCapabilities(Capabilities):
     """Nodes the converter maps to int8 TFLite and Vela places on the NPU (a node the
-    converter folds into a constant emits no operator, so Vela has nothing to refuse)."""
+    converter folds into a constant emits no operator, so Vela has nothing to refuse).
+
+    ``family`` is the accelerator's (`runners.vela_facts.accelerator_family`). Vela 5.2 checks
+    the U85 with rules of its own (``tflite_operator_constraints("EthosU85")``): among the
+    operators the converter writes, it has no stride limit (a depthwise convolution of stride
+    4, a convolution or pool of stride 4 with SAME padding: Vela splits them into several NPU
+    operations) and no shape limit on TRANSPOSE, where the U55 / U65 leave those on the CPU
+    ("Unsupported kernel stride"); a unit test compiles each both ways.
+    """
 
     style = "graph"
+
+    def __init__(self, family: str = "u55") -> None:
+        self.family = family
 
     def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
         why = convertible(node, graph)
@@ -325,7 +343,7 @@ class VelaCapabilities(Capabilities):
             return why
         if _folded(node, graph):  # a conversion-time constant: emits no operator at all
             return None
-        return vela_why_not(node, graph)
+        return vela_why_not(node, graph, self.family)
 
 
 # ----------------------------------------------------------------------------------------
@@ -342,7 +360,9 @@ def vela_config(target: Target) -> VelaConfig:
     system = str(target.option("system_config", None) or VELA_DEFAULTS[family][0])
     mode = str(target.option("memory_mode", None) or VELA_DEFAULTS[family][1])
     optimise = str(target.option("optimise", None) or "Performance")
-    return resolve_vela_config(accel, system, mode, optimise)
+    arena = target.option("arena_cache_size", None)
+    return resolve_vela_config(accel, system, mode, optimise,
+                               None if arena is None else int(arena))  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------
@@ -361,6 +381,10 @@ class VelaToolchain(Toolchain):
 
     def capabilities(self) -> Capabilities:
         return VelaCapabilities()
+
+    def capabilities_for_target(self, target: Target) -> Capabilities:
+        accel = str(target.option("accelerator_config", target.name) or target.name)
+        return VelaCapabilities(accelerator_family(accel))
 
     def available(self) -> str | None:
         try:
@@ -407,7 +431,7 @@ class VelaToolchain(Toolchain):
         except Exception as e:
             return failed(Status.BUILD_FAILED, f"cannot load the ONNX sub-model: "
                                                f"{type(e).__name__}: {e}")
-        caps = VelaCapabilities()
+        caps = self.capabilities_for_target(inp.target)
         for node in graph.nodes:
             why = caps.why_not(node, graph)
             if why is not None:

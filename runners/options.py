@@ -96,6 +96,9 @@ TOOLCHAIN_OPTIONS: dict[str, dict[str, OptionSpec]] = {
             choices=vela_memory_modes, default=lambda o: VELA_DEFAULTS[vela_family(o)][1]),
         "optimise": OptionSpec("str", "Vela --optimise", choices=("Performance", "Size"),
                                default="Performance"),
+        "arena_cache_size": OptionSpec(
+            "int", "Vela --arena-cache-size in bytes (default: the memory mode's; the hard "
+            "SRAM cache limit in Dedicated_Sram modes)", minimum=1),
     },
     "cortex-m": {
         "core": OptionSpec("str", "the Cortex-M core of the host cycle model (runners.host_model)",

@@ -18,6 +18,7 @@ import importlib
 import threading
 from typing import NamedTuple
 
+from collage_farm.core.target import Target
 from runners.base import Capabilities, Toolchain
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "UnknownToolchainError",
     "available_toolchains",
     "capabilities_for",
+    "capabilities_for_target",
     "device_kind_of",
     "get_toolchain",
     "toolchain_names",
@@ -129,3 +131,9 @@ def available_toolchains() -> dict[str, str | None]:
 def capabilities_for(toolchain_name: str) -> Capabilities:
     """Which nodes ``toolchain_name`` takes; cheap (no heavy imports)."""
     return get_toolchain(toolchain_name).capabilities()
+
+
+def capabilities_for_target(target: Target) -> Capabilities:
+    """Which nodes ``target`` takes (its toolchain's capabilities for its options: Vela's
+    depend on the accelerator); cheap (no heavy imports)."""
+    return get_toolchain(target.toolchain).capabilities_for_target(target)

@@ -6,7 +6,9 @@ mode of the ``vela.ini`` bundled with ethos-u-vela, parsed by Vela's own
 compiles a TFLite flatbuffer with Vela's C++ core (``ethosu.regor.compile``), reads its
 optimised database (``perf`` rows -> ``source`` operators -> ``ext_key`` = TFLite operator
 index) into per-operator cycles, and costs the operators Vela leaves on the CPU with
-`HOST_MODEL`.
+`HOST_MODEL`. Vela's own reason for each of those (its ``Warning (supported operators)`` lines,
+`cpu_reasons`) goes with the operator (``vela_reason``), and Vela's peak usage per memory
+(``memory_peak_bytes``: SRAM, flash / DRAM) with the estimate: ``--optimise Size`` shows there.
 
 Operators Vela leaves on the CPU ("Passthrough") are priced by the host's cycle model
 (`runners.host_model`: TFLM int8 kernels on a Cortex-M, CMSIS-NN where TFLM has an optimised
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -36,8 +39,8 @@ from runners.vela_facts import vela_ini_path
 if TYPE_CHECKING:
     from runners.tflite import ConvertedModel, OpInfo
 
-__all__ = ["HOST_MODEL", "HostModel", "VelaConfig", "resolve_vela_config", "vela_estimate",
-           "vela_ini"]
+__all__ = ["HOST_MODEL", "HostModel", "VelaConfig", "cpu_reasons", "resolve_vela_config",
+           "vela_estimate", "vela_ini"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class VelaConfig:
     cores: int
     arena_cache_size: int
     ini_path: str
+    arena_given: bool = False  # arena_cache_size set by the target, not by the memory mode
 
     @property
     def regor_accelerator(self) -> str:
@@ -61,8 +65,9 @@ class VelaConfig:
         return "".join(p.capitalize() for p in parts)
 
     def describe(self) -> str:
+        arena = (f", arena cache {self.arena_cache_size} B" if self.arena_given else "")
         return (f"{self.system_config} / {self.memory_mode} @ {self.clock_hz / 1e6:g} MHz"
-                f", optimise {self.optimise}")
+                f", optimise {self.optimise}{arena}")
 
 
 def vela_ini() -> str:
@@ -75,8 +80,9 @@ def vela_ini() -> str:
 
 @lru_cache(maxsize=32)
 def resolve_vela_config(accelerator: str, system_config: str, memory_mode: str,
-                        optimise: str) -> VelaConfig:
-    """These vela.ini sections resolved by Vela's ``ArchitectureFeatures`` (cached).
+                        optimise: str, arena_cache_size: int | None = None) -> VelaConfig:
+    """These vela.ini sections resolved by Vela's ``ArchitectureFeatures`` (cached);
+    ``arena_cache_size`` (bytes) overrides the memory mode's, as ``vela --arena-cache-size``.
 
     Raises Vela's own error (``ethosu.vela.errors.VelaError``) for an invalid combination.
     """
@@ -87,12 +93,13 @@ def resolve_vela_config(accelerator: str, system_config: str, memory_mode: str,
         arch = ArchitectureFeatures(
             vela_config_files=[ini], system_config=system_config, memory_mode=memory_mode,
             accelerator_config=accelerator, max_blockdep=ArchitectureFeatures.MAX_BLOCKDEP,
-            verbose_config=False, arena_cache_size=None)
+            verbose_config=False, arena_cache_size=arena_cache_size)
     return VelaConfig(
         accelerator_config=accelerator, system_config=arch.system_config,
         memory_mode=arch.memory_mode, optimise=optimise, clock_hz=float(arch.core_clock),
         macs=int(arch.num_macs_per_cycle), cores=int(arch.ncores),
-        arena_cache_size=int(arch.arena_cache_size), ini_path=ini)
+        arena_cache_size=int(arch.arena_cache_size), ini_path=ini,
+        arena_given=arena_cache_size is not None)
 
 
 @contextlib.contextmanager
@@ -189,6 +196,42 @@ def _op_records(db: Any, infos: Mapping[int, OpInfo]) -> dict[int, dict[str, Any
     return ops
 
 
+def _memory_peaks(report: Any) -> dict[str, int]:
+    """Vela's peak usage per memory (``SRAM``, ``DRAM``, ...) of the compiled model, bytes."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(Exception):  # a Vela without per-memory figures reports none
+        for name, m in dict(report.memories).items():
+            out[str(name)] = int(m.peakUsage)
+    return out
+
+
+_REASON = re.compile(r"Warning \(supported operators\) operator: (?P<op>\w+), ofm: '(?P<ofm>[^']*)'"
+                     r"\s*\nReason: (?P<reason>[^\n]*)(?P<more>(?:\n(?!Warning)[^\n]*)*)")
+
+
+def cpu_reasons(log: str) -> list[dict[str, str]]:
+    """Vela's own reason for each operator it places on the CPU, from its compile log
+    (``Warning (supported operators) operator: OP, ofm: 'T'`` / ``Reason: ...`` followed by the
+    constraint's text): ``[{"op", "ofm", "reason", "constraint"}]`` in log order."""
+    return [{"op": m["op"], "ofm": m["ofm"], "reason": m["reason"].strip(),
+             "constraint": " ".join(ln.strip() for ln in m["more"].splitlines()
+                                    if ln.strip())[:400]}
+            for m in _REASON.finditer(log)]
+
+
+def _attach_reasons(ops: Mapping[int, dict[str, Any]], reasons: list[dict[str, str]]) -> None:
+    """Vela's reasons, in operator order, onto the operators it left on the CPU (by type)."""
+    queue: dict[str, list[dict[str, str]]] = {}
+    for r in reasons:
+        queue.setdefault(r["op"], []).append(r)
+    for i in sorted(ops):
+        rec = ops[i]
+        if rec["target"] == "cpu" and queue.get(rec["op"]):
+            r = queue[rec["op"]].pop(0)
+            rec["vela_reason"] = r["reason"]
+            rec["vela_ofm"] = r["ofm"]
+
+
 def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = None,
                   host: HostModel = HOST_MODEL) -> dict[str, Any]:
     """Compile ``tflite`` with Vela and turn its report into the cost and its details.
@@ -222,6 +265,8 @@ def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = 
         for i, name in enumerate(rec["nodes"]):
             node_cycles[name] = node_cycles.get(name, 0) + (rec["cycles"] if i == 0 else 0)
     warnings = "\n".join(ln for ln in log.splitlines() if ln.strip())
+    reasons = cpu_reasons(warnings)
+    _attach_reasons(ops, reasons)
     return {
         "seconds": npu_s + host_s,
         "npu_s": npu_s,
@@ -237,5 +282,7 @@ def vela_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = 
         "analytic": {**host.describe(), "ops": host_ops, "seconds": host_s}
         if host_ops else {},
         "vela_tflite_bytes": len(compiled.model) if hasattr(compiled, "model") else 0,
+        "cpu_reasons": reasons,
+        "memory_peak_bytes": _memory_peaks(report),
         "vela_log": warnings[-4000:],
     }

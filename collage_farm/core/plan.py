@@ -2,12 +2,17 @@
 
 A plan directory holds ``plan.json`` and one ONNX file per partition (``partitions/``). Partition
 files are standalone models whose tensor names are the original model's, so an executor wires
-them together by name; they are listed in execution order (the search only applies a candidate
-once its inputs are computed). Every node of the model lies in exactly one partition.
+them together by name (each also names its target and options in its ``metadata_props``:
+``collage.target``, ``collage.options``, JSON); they are listed in execution order (the
+search only applies a candidate once its inputs are computed). Every node of the model lies in
+exactly one partition.
 
 ``plan.json`` keys (the interface scripts rely on): ``model``, ``targets``, ``partitions`` (each
 with ``id``, ``target``, ``nodes``, ``file``, ``inputs``, ``outputs``, ``estimated_s``,
-``fingerprint``; plus ``penalty_s``, ``op_types``, ``rule``, ``toolchain``, ``device``),
+``fingerprint``; plus ``penalty_s``, ``op_types``, ``rule``, ``toolchain``, ``device``,
+``options``: the target's toolchain options the partition is compiled with, e.g. Vela's
+``optimise``, and on an Ethos-U board ``ethos``: the per-partition simulated figures of
+`collage_farm.postsearch.ethos_parts`),
 ``estimated_total_s``, ``graph_inputs``, ``graph_outputs``, ``estimator``, ``transition``.
 
 Loading validates paths: a partition file must resolve inside the plan directory, so a plan
@@ -53,6 +58,8 @@ class PartitionEntry:
     penalty_s: float
     fingerprint: str
     rule: str = ""
+    options: tuple[tuple[str, object], ...] = ()
+    ethos: dict | None = field(default=None, compare=False)  # JSON figures, not identity
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,7 @@ class Plan:
             "model": self.model,
             "targets": list(self.targets),
             "partitions": [
-                {**asdict(p), "nodes": list(p.nodes), "op_types": list(p.op_types),
-                 "inputs": list(p.inputs), "outputs": list(p.outputs)}
-                for p in self.partitions
+                _partition_json(p) for p in self.partitions
             ],
             "estimated_total_s": self.estimated_total_s,
             "graph_inputs": list(self.graph_inputs),
@@ -88,6 +93,14 @@ class Plan:
 
     def target_of_node(self) -> dict[str, str]:
         return {n: p.target for p in self.partitions for n in p.nodes}
+
+
+def _partition_json(p: PartitionEntry) -> dict:
+    d = {**asdict(p), "nodes": list(p.nodes), "op_types": list(p.op_types),
+         "inputs": list(p.inputs), "outputs": list(p.outputs), "options": dict(p.options)}
+    if p.ethos is None:
+        del d["ethos"]
+    return d
 
 
 def target_json(t: Target) -> dict:
@@ -126,6 +139,7 @@ def make_plan(graph: DataflowGraph, result: SearchResult, targets: Sequence[Targ
             penalty_s=pp.penalty_s,
             fingerprint=c.fingerprint,
             rule=c.rule,
+            options=c.target.options,
         ))
     return Plan(
         model=model or graph.name,
@@ -147,6 +161,10 @@ def write_plan(plan: Plan, graph: DataflowGraph, result: SearchResult, out_dir: 
     check_cover(plan, graph)
     for entry, pp in zip(plan.partitions, result.partitions):
         model = pp.candidate.sub_graph.extract(name=f"{plan.model}_{entry.id}")
+        onnx.helper.set_model_props(model, {
+            **{m.key: m.value for m in model.metadata_props},
+            "collage.target": entry.target,
+            "collage.options": json.dumps(dict(entry.options), sort_keys=True, default=str)})
         _atomic_write(out / entry.file, model.SerializeToString())
     _atomic_write(out / PLAN_FILE, json.dumps(plan.to_json(), indent=2).encode())
     return out / PLAN_FILE
@@ -214,6 +232,8 @@ def load_plan(plan_dir: str | Path) -> tuple[Plan, dict[str, Path]]:
                 inputs=tuple(p["inputs"]), outputs=tuple(p["outputs"]),
                 estimated_s=float(p["estimated_s"]), penalty_s=float(p.get("penalty_s", 0.0)),
                 fingerprint=str(p["fingerprint"]), rule=str(p.get("rule", "")),
+                options=tuple(sorted(dict(p.get("options") or {}).items())),
+                ethos=p.get("ethos"),
             )
             for p in d["partitions"]
         )

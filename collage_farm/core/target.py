@@ -14,7 +14,8 @@ Two identities matter:
 
 The built-in catalogue below gives the target names the whole project uses (``ort-cpu``,
 ``openvino-cpu``, ``ort-cuda``, ``ort-tensorrt``, ``litert-cpu``, ``ethos-u55-32|64|128|256``,
-``ethos-u65-256|512``, ``ethos-u85-128|256|512|1024|2048``, and the Cortex-M hosts of Ethos-U
+``ethos-u65-256|512``, ``ethos-u85-128|256|512|1024|2048``, each with its ``-size`` variant
+(Vela ``--optimise Size``, e.g. ``ethos-u55-128-size``), and the Cortex-M hosts of Ethos-U
 boards ``cortex-m55`` / ``cortex-m85``, on ``cpu:0/mcu``); `collage_farm.config` builds richer
 target sets from YAML.
 
@@ -125,6 +126,10 @@ ETHOS_U_CONFIGS = (
     "ethos-u85-2048",
 )
 
+#: suffix of the catalogue's Vela ``--optimise Size`` variant of each accelerator: a target of
+#: its own (its own measure key), so the search picks Performance or Size per partition
+SIZE_VARIANT = "-size"
+
 
 def _builtin() -> dict[str, Target]:
     targets = [
@@ -136,6 +141,8 @@ def _builtin() -> dict[str, Target]:
     ]
     for accel in ETHOS_U_CONFIGS:
         targets.append(Target.make(accel, "vela", NPU0, {"accelerator_config": accel}))
+        targets.append(Target.make(f"{accel}{SIZE_VARIANT}", "vela", NPU0,
+                                   {"accelerator_config": accel, "optimise": "Size"}))
     for core in CORTEX_M_CORES:
         targets.append(Target.make(core, "cortex-m", MCU0, {"core": core}))
     return {t.name: t for t in targets}

@@ -27,7 +27,7 @@ from collage_farm.core.target import Target
 from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.execute.builder import Part
-from runners.registry import capabilities_for
+from runners.registry import capabilities_for_target
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def default_supports(graph: DataflowGraph) -> Callable[[Target, int], bool]:
     def sup(t: Target, i: int) -> bool:
         k = (t.toolchain, i)
         if k not in cache:
-            cache[k] = capabilities_for(t.toolchain).supports(graph.nodes[i], graph)
+            cache[k] = capabilities_for_target(t).supports(graph.nodes[i], graph)
         return cache[k]
 
     return sup

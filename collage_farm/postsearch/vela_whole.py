@@ -40,7 +40,7 @@ from collage_farm.core.target import EMBEDDED_TOOLCHAINS, Target
 from collage_farm.core.transition import TransitionModel
 from collage_farm.execute.builder import Part
 from runners.cortex_m import joint_groups
-from runners.registry import capabilities_for
+from runners.registry import capabilities_for_target
 
 __all__ = ["Board", "baseline_candidates", "ethos_u_board", "exact_never_worse", "vela_whole",
            "vela_whole_parts"]
@@ -71,8 +71,8 @@ def ethos_u_board(targets: Sequence[Target]) -> Board | None:
 def _placement_of(graph: DataflowGraph, board: Board) -> list[Target]:
     """Per node (by index): the NPU when Vela takes it, else the host; a node the host maps
     only together with others (`runners.cortex_m.joint_groups`) takes them all to the host."""
-    npu = capabilities_for(board.npu.toolchain)
-    host = capabilities_for(board.host.toolchain)
+    npu = capabilities_for_target(board.npu)
+    host = capabilities_for_target(board.host)
     place: list[Target] = []
     for node in graph.nodes:
         if npu.supports(node, graph):
@@ -176,8 +176,11 @@ def exact_never_worse(graph: DataflowGraph, board: Board, result: SearchResult,
         "speedup_vs_vela_whole": (base_s / out.total_s
                                   if out.total_s > 0 and math.isfinite(base_s) else None),
         "moved_from_vela_whole": {
-            "to_npu": [n for n in moved if after[n] == board.npu.id],
-            "to_host": [n for n in moved if after[n] == board.host.id]},
+            "to_npu": [n for n in moved if before.get(n) == board.host.id],
+            "to_host": [n for n in moved if after[n] == board.host.id],
+            # on the NPU either way, compiled with another variant's options (e.g. Size)
+            "npu_options": {n: after[n] for n in moved
+                            if board.host.id not in (after[n], before.get(n))}},
         "never_worse": (
             f"the plan is Vela's own partitioning ({base_s * 1e3:.4f} ms simulated; exact "
             "comparison)" if same else

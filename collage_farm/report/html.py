@@ -22,6 +22,7 @@ from typing import Any
 
 from collage_farm.core.calibration_data import describe as describe_calibration
 from collage_farm.core.plan import Plan, load_plan
+from collage_farm.report.ethos import ethos_section
 from collage_farm.report.flow import FlowNode, collapse, plan_flow
 from collage_farm.report.graphsvg import graph_svg
 from collage_farm.report.headline import headline_html
@@ -346,6 +347,7 @@ def write_report(plan_dir: str | Path, summary: dict, measured: dict | None = No
     h += _graph(page)
     h += _heatmap(page)
     h += _partitions(plan, measured)
+    h += ethos_section(plan)  # Ethos-U boards only (collage_farm.report.ethos)
     if measured:
         h += _measured(plan, summary, measured, root)
         h += _refinement(measured.get("refine") or {})

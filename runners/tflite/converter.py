@@ -21,12 +21,16 @@ def convert(
     mode: str = "int8",
     tensor_ranges: Mapping[str, tuple[float, float]] | Sequence[tuple[str, float, float]]
     | None = None,
+    *,
+    write: bool = True,
 ) -> ConvertedModel:
     """Convert a standalone ONNX (sub-)model to TFLite.
 
     ``mode``: ``"int8"`` (full-integer; needs ``tensor_ranges`` for every graph input and every
     node output that survives fusion) or ``"fp32"``. ``tensor_ranges`` maps ONNX tensor names to
     calibrated (min, max), as a mapping or as ``BuildInput.tensor_ranges`` triples.
+    ``write=False`` returns everything but the flatbuffer (``tflite`` empty): the operators,
+    their figures and the I/O contract, for callers that only price the model.
 
     Raises `UnsupportedOp` for a node `convertible` refuses, `MissingRangeError` when a range
     is missing, `ConversionError` for anything else the writer cannot express.
@@ -44,4 +48,4 @@ def convert(
     if mode == "fp32":
         _TransposeOptimiser(lowering).run()
     q = resolve_qparams(lowering) if mode == "int8" else {}
-    return _serialise(lowering, q)
+    return _serialise(lowering, q, write)

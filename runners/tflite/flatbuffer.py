@@ -22,31 +22,26 @@ def _activation_bytes(conv: _Builder, tid: int) -> int:
     return int(np.prod(t.shape)) * item
 
 
-def _serialise(conv: _Builder, q: Mapping[int, tuple[float, int]]) -> ConvertedModel:
+def _serialise(conv: _Builder, q: Mapping[int, tuple[float, int]], write: bool = True
+               ) -> ConvertedModel:
     """The flatbuffer of the emitted model (int8 parameters ``q``; empty in fp32 mode).
 
     Tables are written bottom-up in a fixed order (buffers, tensors, operator codes,
-    operators, subgraph, model), so the same IR always gives the same bytes.
+    operators, subgraph, model), so the same IR always gives the same bytes. ``write=False``
+    skips the flatbuffer (``tflite`` is empty) and encodes only the graph's inputs and
+    outputs: the I/O contract and the per-operator figures are the same, at a fraction of the
+    cost (what a cycle model that never runs the bytes needs).
     """
-    import flatbuffers  # heavy third-party (with ethos-u-vela's schema): only when writing
-
-    # sized once, generously: growing the builder copies every weight byte again
-    b = flatbuffers.Builder((1 << 20) + 64 * len(conv.tensors) + sum(
-        (t.data.nbytes + 32 if t.data is not None else 0) for t in conv.tensors))
-    weight_scales: dict[int, np.ndarray] = {}
-    enc = [_encode(conv, i, q, weight_scales) for i in range(len(conv.tensors))]
-    buffer_of, buf_offsets = _write_buffers(b, enc)
-    tensor_offsets = _write_tensors(b, conv, enc, buffer_of)
-    codes, code_offsets = _write_opcodes(b, conv)
-    op_offsets = _write_operators(b, conv, codes)
     g = conv.g
     in_ids = [conv.by_name[n] for n in g.graph_inputs]
     out_ids = [conv.by_name[n] for n in g.graph_outputs]
-    data = _write_model(b, conv, (tensor_offsets, op_offsets, code_offsets, buf_offsets),
-                        in_ids, out_ids)
+    if write:
+        data, enc_of = _write_flatbuffer(conv, q, in_ids, out_ids)
+    else:
+        data, enc_of = b"", {t: _encode(conv, t, q, {}) for t in (*in_ids, *out_ids)}
 
     def io(tid: int, name: str) -> IOSpec:
-        e = enc[tid]
+        e = enc_of[tid]
         return IOSpec(
             name=name, index=tid, onnx_shape=tuple(g.tensors[name].shape),
             tflite_shape=conv.tensors[tid].shape,
@@ -68,6 +63,25 @@ def _serialise(conv: _Builder, q: Mapping[int, tuple[float, int]]) -> ConvertedM
         outputs=tuple(io(t, n) for t, n in zip(out_ids, g.graph_outputs)),
         ops=ops,
     )
+
+
+def _write_flatbuffer(conv: _Builder, q: Mapping[int, tuple[float, int]], in_ids: list[int],
+                      out_ids: list[int]) -> tuple[bytes, Sequence[_Encoded]]:
+    """The flatbuffer bytes and every tensor's encoding (indexed by tensor id)."""
+    import flatbuffers  # heavy third-party (with ethos-u-vela's schema): only when writing
+
+    # sized once, generously: growing the builder copies every weight byte again
+    b = flatbuffers.Builder((1 << 20) + 64 * len(conv.tensors) + sum(
+        (t.data.nbytes + 32 if t.data is not None else 0) for t in conv.tensors))
+    weight_scales: dict[int, np.ndarray] = {}
+    enc = [_encode(conv, i, q, weight_scales) for i in range(len(conv.tensors))]
+    buffer_of, buf_offsets = _write_buffers(b, enc)
+    tensor_offsets = _write_tensors(b, conv, enc, buffer_of)
+    codes, code_offsets = _write_opcodes(b, conv)
+    op_offsets = _write_operators(b, conv, codes)
+    data = _write_model(b, conv, (tensor_offsets, op_offsets, code_offsets, buf_offsets),
+                        in_ids, out_ids)
+    return data, enc
 
 
 def _i32_vec(b: Any, vals: Sequence[int]) -> int:

@@ -144,7 +144,14 @@ def test_gpu2_two_gpus_are_two_devices_with_a_configured_transfer_cost():
                                   "ethos-u85-256"])
 def test_ethos_systems_npu_and_mcu_host(name):
     cfg = load_config(builtin_system=name)
-    assert next(iter(cfg.targets)) == name and len(cfg.targets) == 2
+    # the NPU, its Vela --optimise Size variant on the Shared_Sram (U55) boards, the host
+    variants = [f"{name}-size"] if name.startswith("ethos-u55") else []
+    assert list(cfg.targets)[:1 + len(variants)] == [name, *variants]
+    assert len(cfg.targets) == 2 + len(variants)
+    for v in variants:
+        assert cfg.targets[v].option("optimise") == "Size"
+        assert cfg.targets[v].measure_key != cfg.targets[name].measure_key
+        assert cfg.targets[v] == BUILTIN_TARGETS[v]
     npu = cfg.targets[name]
     assert npu.toolchain == "vela" and npu.device.kind == "ethos-u"
     assert npu.option("accelerator_config") == name

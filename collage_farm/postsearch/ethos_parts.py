@@ -1,0 +1,126 @@
+"""Per-partition figures of a plan on a simulated Ethos-U board: cycles, options, what ran where.
+
+What an embedded engineer asks of each partition of an Ethos-U plan: how many NPU cycles Vela
+estimates for it and how many host cycles it costs, which Vela options it was compiled with, and
+for every operator that runs on the Cortex-M host *why* it is not on the NPU. The figures are the
+ones the campaign costed (the details of the cost-table rows of the plan's partitions, which
+the campaign looks up for `with_ethos_figures`), so nothing is compiled again. Reasons come
+from three places, each labelled in ``source``:
+
+* ``vela``: Vela itself placed a TFLite operator of an NPU partition on the CPU; the reason is
+  Vela's own warning (``Reason: ...`` and the constraint text) from that compile
+  (`runners.vela_estimate.cpu_reasons`);
+* ``capability``: the NPU target's capability check refused the node
+  (`runners.ethosu.VelaCapabilities`: the converter cannot write it in int8, or a Vela
+  constraint restated from Vela's published constraint text, each confirmed by compiling in the
+  unit tests); the text is the check's;
+* ``search``: the NPU takes the node, but the search found the plan cheaper with it on the host
+  (an NPU invocation and its hand-overs cost more than the host's cycles for it).
+
+Every figure is simulated (Vela) or analytic (the host's cycle model); ``figures`` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.plan import PartitionEntry, Plan
+from collage_farm.core.target import Target
+from collage_farm.postsearch.vela_whole import ethos_u_board
+from runners.registry import capabilities_for_target
+
+__all__ = ["FIGURES", "DetailsOf", "ethos_partitions", "host_partition", "host_reasons",
+           "npu_partition", "with_ethos_figures"]
+
+FIGURES = ("simulated: NPU cycles are Vela's estimate; host cycles the analytic Cortex-M cycle "
+           "model (runners.host_model)")
+
+
+#: the details of the ok cost row of (fingerprint, target), {} when there is none
+DetailsOf = Callable[[str, Target], Mapping[str, Any]]
+
+
+def npu_partition(entry: PartitionEntry, details: Mapping[str, Any]) -> dict[str, Any]:
+    """An NPU partition's figures from its Vela row details (`runners.ethosu` measure)."""
+    ops = details.get("ops") or []
+    fallen = [{"nodes": list(o.get("nodes") or []), "op": o.get("op"),
+               "reason": o.get("vela_reason") or "Vela placed it on the CPU (no reason logged)",
+               "source": "vela", "host_cycles": o.get("host_cycles")}
+              for o in ops if o.get("target") == "cpu"]
+    clock = float(details.get("clock_hz") or 0.0)
+    host_s = float(details.get("host_s") or 0.0)
+    return {
+        "half": "npu",
+        "options": dict(entry.options),
+        "vela_config": details.get("config"),
+        "npu_cycles": details.get("total_cycles"),
+        "npu_s": details.get("npu_s"),
+        "clock_hz": clock or None,
+        "host_cycles": sum(int(f["host_cycles"] or 0) for f in fallen),
+        "host_s": host_s,
+        "npu_ops": details.get("npu_ops"),
+        "cpu_ops": details.get("cpu_ops"),
+        "fallen_to_host": fallen,
+    }
+
+
+def host_reasons(graph: DataflowGraph, nodes: Sequence[str], npu: Target
+                 ) -> list[dict[str, Any]]:
+    """Why each of ``nodes`` (on the host) is not on ``npu`` (module docstring)."""
+    caps = capabilities_for_target(npu)
+    by_name = {n.name: n for n in graph.nodes}
+    out = []
+    for name in nodes:
+        node = by_name[name]
+        why = caps.why_not(node, graph)
+        out.append({"node": name, "op_type": node.op_type,
+                    "reason": why or f"{npu.id} takes it; the plan is cheaper with it on the "
+                                     "host (an NPU invocation and hand-overs cost more)",
+                    "source": "capability" if why else "search"})
+    return out
+
+
+def host_partition(entry: PartitionEntry, details: Mapping[str, Any], graph: DataflowGraph,
+                   npu: Target) -> dict[str, Any]:
+    """A host partition's figures from its cycle-model row details (`runners.cortex_m`)."""
+    return {
+        "half": "host",
+        "options": dict(entry.options),
+        "host_cycles": details.get("cycles"),
+        "host_s": details.get("seconds"),
+        "mode": details.get("mode"),
+        "npu_cycles": 0,
+        "on_host": host_reasons(graph, entry.nodes, npu),
+    }
+
+
+def ethos_partitions(graph: DataflowGraph, partitions: Sequence[PartitionEntry],
+                     targets: Sequence[Target], npu: Target, details_of: DetailsOf
+                     ) -> dict[str, dict[str, Any]]:
+    """Per partition id: its figures (`npu_partition` / `host_partition`); partitions on no
+    Ethos-U board target are left out."""
+    by_id = {t.id: t for t in targets}
+    out: dict[str, dict[str, Any]] = {}
+    for p in partitions:
+        target = by_id.get(p.target)
+        if target is None or target.toolchain not in ("vela", "cortex-m"):
+            continue
+        details = details_of(p.fingerprint, target)
+        out[p.id] = (npu_partition(p, details) if target.toolchain == "vela"
+                     else host_partition(p, details, graph, npu))
+    return out
+
+
+def with_ethos_figures(plan: Plan, graph: DataflowGraph, targets: Sequence[Target],
+                       details_of: DetailsOf | None) -> Plan:
+    """``plan`` with each partition's ``ethos`` figures when ``targets`` are an Ethos-U board
+    and the campaign's cost rows are readable (``details_of``); otherwise ``plan`` unchanged."""
+    board = ethos_u_board(targets)
+    if board is None or details_of is None:
+        return plan
+    figures = ethos_partitions(graph, plan.partitions, targets, board.npu, details_of)
+    parts = tuple(dataclasses.replace(p, ethos=figures.get(p.id)) for p in plan.partitions)
+    return dataclasses.replace(plan, partitions=parts)
