@@ -1,0 +1,208 @@
+"""Where a campaign's costs come from: the rule trees per target, the estimator
+(`CostSource` and `MeasureStrategy`), the transition model with measured rows and cut costs,
+and, in profile mode, the `ProfiledEstimator` over each target's in-network profile."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from collage_farm.campaign.options import CostSource, TuneOptions, campaign_table
+from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.rules import PartitionSpec, RuleOptions, default_spec
+from collage_farm.core.target import CPU0, Target
+from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel, WithCutCosts
+from collage_farm.costtable import CostTable, CostTableWriter, TableStore, check_writable
+from collage_farm.execute import SIMULATED_TOOLCHAINS
+from collage_farm.farm import Farm
+from collage_farm.probes.cutcost import cached_cut_costs
+from collage_farm.probes.profiles import collect_profiles, table_has_profiles
+from collage_farm.probes.transitions import measured_transition_model
+from estimators.base import CostEstimator
+from estimators.int8_ranges import tensor_ranges_provider
+from estimators.local import LocalService
+from estimators.measured import FarmEstimator
+from estimators.mock import MockEstimator
+from estimators.profiled import (
+    MeasureStrategy,
+    ProfiledEstimator,
+    ProfileRejected,
+    TargetProfile,
+    node_weights,
+)
+from estimators.sources import RetryPolicy, Strictness
+from estimators.table import TableEstimator
+from runners.base import CANDIDATE_MODE, MeasureConfig
+from runners.registry import capabilities_for_target
+
+log = logging.getLogger(__name__)
+
+
+def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[PartitionSpec]:
+    """Phase 1: a rule tree per target from its toolchain's capabilities."""
+    specs = []
+    for t in targets:
+        caps = capabilities_for_target(t)
+        specs.append(default_spec(t, caps.supports, caps.style, options))
+    return specs
+
+
+def measure_strategy(opts: TuneOptions, graph: DataflowGraph) -> MeasureStrategy:
+    """How this campaign's candidates get costs: ``opts.measure`` when given; else ``profile``
+    for a farm campaign, and for an offline one whose table holds this model's profile rows
+    (so it prices as the campaign that wrote them did); else ``exhaustive`` (an offline table
+    of isolated measurements; simulated boards, which have no profiler; mock costs)."""
+    if opts.measure:
+        return MeasureStrategy.parse(opts.measure)
+    if opts.estimator is CostSource.FARM:
+        return MeasureStrategy.PROFILE
+    table = campaign_table(opts)
+    if (opts.estimator is CostSource.OFFLINE and table is not None
+            and table_has_profiles(CostTable(table), graph)):
+        return MeasureStrategy.PROFILE
+    return MeasureStrategy.EXHAUSTIVE
+
+
+def make_estimator(opts: TuneOptions, graph: DataflowGraph
+                   ) -> tuple[CostEstimator, CostTableWriter | None]:
+    """The campaign's estimator, and for a farm campaign the campaign's one writer on its cost
+    table (its store's, closed with the estimator; the campaign appends its transition and
+    cut-cost rows to it too). The writer is opened only once Ray is up, so a campaign refused
+    before measuring leaves no table directory behind."""
+    if opts.estimator is CostSource.MOCK:
+        return MockEstimator(), None
+    if opts.estimator is CostSource.OFFLINE:
+        table = campaign_table(opts)
+        assert table is not None
+        return TableEstimator(TableStore.existing(table),
+                              allow_analytic=opts.allow_analytic,
+                              strictness=Strictness.parse(opts.strictness),
+                              mode=opts.measure_mode or None), None
+    if opts.estimator.measures:
+        table = campaign_table(opts)
+        assert table is not None
+        check_writable(table)  # before Ray starts: an unwritable table costs no measurements
+        toolchains = sorted({t.toolchain for t in opts.targets})
+        # local: the toolchains' own isolated runners, no Ray (deterministic simulated boards)
+        service = (LocalService(toolchains) if opts.estimator is CostSource.LOCAL else
+                   Farm.start(opts.address, toolchains=toolchains, num_cpus=opts.num_cpus,
+                              slots=opts.slots))
+        store = TableStore(table, campaign_id=opts.campaign_id)
+        est = FarmEstimator(
+            service,
+            store,
+            model=graph.name,
+            measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
+            tensor_ranges_for=tensor_ranges_provider(graph, opts.targets, opts.calibration),
+            prune=opts.prune,
+            strictness=Strictness.parse(opts.strictness),
+            retry=RetryPolicy.ALL if opts.retry_failed else RetryPolicy.TRANSIENT,
+            reconfirm=opts.reconfirm,
+        )
+        return est, store.writer
+    raise AssertionError(f"unhandled cost source {opts.estimator!r}")
+
+
+def farm_slots(est: CostEstimator) -> dict | None:
+    """The summary's ``slots``: the CPU runners the campaign's farm measured with and why
+    (`collage_farm.farm.Farm.slots`); None when no farm measured."""
+    if isinstance(est, FarmEstimator) and isinstance(est.farm, Farm):
+        return est.farm.slots()
+    return None
+
+
+def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
+                      writer: CostTableWriter | None = None) -> TransitionModel:
+    """The search's transition model: measured rows from the cost table where they exist.
+
+    ``opts.transition`` (configured, or analytic) is the fallback for what no row covers. A
+    farm campaign that built its own estimator (``measure``) measures the missing transition
+    rows on this machine first (`collage_farm.probes.transitions.measured_transition_model`)
+    and appends them to ``writer``; an offline campaign reuses the table's rows; mock campaigns
+    keep the given model. Rows are those of the mode the campaign's candidates are timed in
+    (the estimator's `measure_mode`, else ``opts.measure_mode``, else `CANDIDATE_MODE`), so an
+    offline search reads the transitions the measuring campaign used.
+    """
+    fallback = opts.transition or AnalyticTransitionModel()
+    table = campaign_table(opts)
+    if opts.estimator is CostSource.MOCK or table is None:
+        return fallback
+    if not measure and not Path(table).is_dir():
+        return fallback
+    # the rows of the mode this campaign's candidates are (or, offline, were) measured in: an
+    # offline search over a farm campaign's table then uses the transitions that campaign used
+    config = MeasureConfig(mode=est.measure_mode or opts.measure_mode or CANDIDATE_MODE)
+    try:
+        return measured_transition_model(
+            CostTable(table), opts.targets, writer=writer,
+            measure=measure and opts.estimator is CostSource.FARM,
+            config=config, fallback=fallback, host=getattr(fallback, "host", None) or CPU0,
+            campaign_id=opts.campaign_id)
+    except Exception as e:  # a broken probe must not cost the campaign: say so, go on
+        log.warning("measured transitions unavailable (%s: %s); using %s", type(e).__name__,
+                    e, fallback.label)
+        return fallback
+
+
+def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
+                   transition: TransitionModel, table: Path | None = None,
+                   campaign_id: str = "", measure: bool = True,
+                   writer: CostTableWriter | None = None, wholes: bool = False
+                   ) -> tuple[TransitionModel, dict | None]:
+    """``transition`` plus this model's measured cut costs (`collage_farm.probes.cutcost`) when the
+    campaign mixes two or more toolchains that run here; unchanged (and why) otherwise. With a
+    cost ``table``, rows of an earlier probe on this host are reused; new ones are appended to
+    ``writer``. ``wholes``: also each target's same-toolchain cut cost (profile mode)."""
+    live = [t for t in targets if t.toolchain not in SIMULATED_TOOLCHAINS]
+    if len({t.toolchain for t in live}) < 2:
+        return transition, None
+    try:
+        ct = CostTable(table) if table is not None and Path(table).is_dir() else None
+        cc = cached_cut_costs(ct, graph, live, writer=writer, campaign_id=campaign_id,
+                              measure=measure, wholes=wholes)
+        if cc is None:  # offline, and no earlier probe of this model in the table
+            return transition, None
+    except Exception as e:  # a broken probe must not cost the campaign: say so, go on
+        log.warning("cut costs unavailable (%s: %s)", type(e).__name__, e)
+        return transition, {"error": f"{type(e).__name__}: {e}"}
+    return WithCutCosts(transition, cc.cuts), cc.to_json()
+
+
+def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimator,
+                       cut_info: dict | None) -> tuple[ProfiledEstimator, dict]:
+    """``est`` wrapped in a `ProfiledEstimator` over each target's profile of ``graph``
+    (`collage_farm.probes.profiles`: the cost table's rows, else profiled on the farm of a
+    measuring ``est``), and what happened: per target, the profile runs sent, and one warning
+    line per target whose costs fall back to ``est`` (no profile, or one rejected)."""
+    table = campaign_table(opts)
+    farm_est = est if isinstance(est, FarmEstimator) else None  # the one that can profile
+    outcomes = collect_profiles(
+        graph, opts.targets, table=CostTable(table) if table is not None else None,
+        farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
+        strictness=Strictness.parse(opts.strictness))
+    same = (cut_info or {}).get("same_cuts_s") or {}
+    wholes = (cut_info or {}).get("wholes_s") or {}  # every target's whole, one time base
+    weights = node_weights(graph)
+    profiles: dict[str, TargetProfile] = {}
+    warnings: list[str] = []
+    for tid, o in outcomes.items():
+        why = o.error
+        if o.profile is not None:
+            try:
+                profiles[tid] = TargetProfile.of(o.profile, cut_s=float(same.get(tid, 0.0)),
+                                                 tolerance=opts.profile_tolerance,
+                                                 weights=weights, whole_s=wholes.get(tid))
+            except ProfileRejected as e:
+                why = str(e)
+        if tid not in profiles:
+            warnings.append(f"warning: {tid}: no usable profile ({why}); its candidates are "
+                            "measured in isolation")
+        elif profiles[tid].rejected:
+            warnings.append(f"warning: {tid}: its profiler's profile was not used "
+                            f"({profiles[tid].rejected}); its costs come from prefix "
+                            "differences at thin cuts instead")
+    info = {"targets": {k: o.to_json() for k, o in outcomes.items()},
+            "profiled_targets": sorted(profiles), "runs": sum(o.ran for o in outcomes.values()),
+            "warnings": warnings, "same_cuts_s": same, "wholes_s": wholes}
+    return ProfiledEstimator(profiles, est), info

@@ -1,0 +1,320 @@
+"""A tuning campaign: phases 1-4 end to end, with whatever estimator the user chose.
+
+This is the one place that wires the pieces together: load the model into a `DataflowGraph`,
+build each target's partition rules from its toolchain's capabilities (phase 1), collect
+candidates (phase 2), run the Dijkstra search against a cost estimator (phase 3), and write the
+plan (phase 4). Estimators are picked by the caller:
+
+* ``farm`` (default): measure on runners through Ray (embedded local cluster unless an address
+  is given), answering from the cost table first and writing every result to it;
+* ``local``: the same, with the toolchains' own isolated runners in this process's reach instead
+  of Ray (`estimators.local.LocalService`: for simulated boards, whose figures need no timing
+  slot);
+* ``offline``: the cost table only (no Ray), optionally filling gaps analytically;
+* ``mock``: deterministic fake costs, labelled as such everywhere they appear.
+
+After the search, a measured campaign (farm costs) first re-measures the candidates on the
+chosen path and searches again until the path is made of re-measured candidates
+(`collage_farm.postsearch.confirm`: the cheapest of thousands of noisy costs is biased low). It
+then does not trust the sum of isolated costs (`collage_farm.postsearch.decide.post_search`):
+it refines the plan with measured local moves (`collage_farm.postsearch.refine`) and then times
+the Dijkstra plan, the refined plan and every searched target's whole model in one interleaved
+run (`collage_farm.postsearch.never_worse`); the mix is written only if it beats the best
+single toolchain beyond noise, else that toolchain's whole model is (never worse). Mock and
+offline campaigns skip this and say so. Every campaign writes ``report.html`` beside the plan
+unless told not to.
+
+How candidates get costs is ``TuneOptions.measure`` (`estimators.profiled.MeasureStrategy`):
+``profile`` profiles each target's whole model once per operator, in network
+(`collage_farm.probes.profiles`; prefix differences where the toolchain's profiler is not
+trusted, said in one warning line), answers every candidate from those profiles
+(`estimators.profiled.ProfiledEstimator`: node shares on the cut-cost probe's time base plus
+measured cut costs), so neither the search nor the confirmation step measures a candidate in
+isolation; ``screen_rounds`` > 0 measures the uncertain candidates on the best plans
+(`collage_farm.postsearch.screen`). A target without a usable profile falls back to isolated
+measurement, with one warning line in the summary. ``exhaustive`` (the default) measures every
+candidate the search asks for in isolation (the behaviour before profiles). Profile mode
+applies to the estimator the campaign builds; a caller's own estimator is used as is.
+
+The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
+keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
+``search_s`` and the campaign statistics; measured campaigns add ``plan_measured_s``,
+``best_single_target``, ``best_single_measured_s``, ``speedup_vs_best_single``,
+``additive_error`` and the other figures of `post_search`. ``measure_mode`` is the cache mode
+candidates are timed in (``network``, ``warm``, ``flush``); ``measure`` is how costs were got
+(``profile`` | ``exhaustive``), ``profiled`` the profile runs sent to the farm now (beside
+``measured``, the candidates measured in isolation), ``profile`` per target what the profiles
+were and ``warnings``, ``screen`` what the screening measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from collage_farm.campaign.costs import (
+    build_specs,
+    choose_transition,
+    farm_slots,
+    make_estimator,
+    measure_strategy,
+    profiled_estimator,
+    with_cut_costs,
+)
+from collage_farm.campaign.decisions import (
+    already_decided,
+    record_decision,
+    reuse_decision,
+)
+from collage_farm.campaign.options import (
+    TuneOptions,
+    campaign_table,
+    post_search_options,
+)
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.estimator import EstimatorKind
+from collage_farm.core.pins import filter_candidates
+from collage_farm.core.plan import PlanError, make_plan, write_plan
+from collage_farm.core.rules import all_candidates
+from collage_farm.core.search import NoCoverError, SearchResult, search
+from collage_farm.core.target import Target
+from collage_farm.costtable import CostTable
+from collage_farm.costtable.decisions import (
+    PlanDecision,
+)
+from collage_farm.execute import CALIBRATION_KEY
+from collage_farm.postsearch.confirm import confirm
+from collage_farm.postsearch.decide import PostSearch, post_search
+from collage_farm.postsearch.ethos_parts import with_ethos_figures
+from collage_farm.postsearch.screen import screen
+from collage_farm.postsearch.vela_whole import baseline_candidates
+from collage_farm.report import write_report
+from collage_farm.report.summary import story_keys
+from collage_farm.zoo.source import load_source
+from estimators.base import CostEstimator
+from estimators.int8_ranges import int8_calibration
+from estimators.profiled import (
+    MeasureStrategy,
+    ProfiledEstimator,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _with_reasons(e: NoCoverError, candidates: Sequence[CandidatePartition],
+                  est: CostEstimator) -> NoCoverError:
+    """``e`` with what the estimator knows of why the candidates at its node failed: the
+    runner's own words (a crash, a type error, no runner for a target), one per target."""
+    seen: dict[str, str] = {}
+    for c in candidates:
+        if e.node is None or e.node not in c.node_names or c.target.id in seen:
+            continue
+        why = est.why_invalid(c)
+        if why:
+            seen[c.target.id] = f"{c.target.id}: {' '.join(why.split())[:160]}"
+    if not seen:
+        return e
+    return NoCoverError(f"{e}; e.g. {'; '.join(seen.values())}", e.node)
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` must be a directory or creatable as one (found after a campaign, it cost the
+    campaign; the measured rows were safe in the table, the user's time was not)."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise PlanError(f"--out {out}: {p} exists and is not a directory")
+            if not os.access(p, os.W_OK | os.X_OK):
+                raise PlanError(f"--out {out}: {p} is not writable")
+            return
+
+
+def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
+    """Run phases 1-4; write the plan to ``opts.out``; return the summary."""
+    t_start = time.perf_counter()
+    campaign_id = opts.campaign_id or uuid.uuid4().hex[:12]
+    opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
+    _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
+    graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
+    calibration = int8_calibration(graph, opts.targets, opts.calibration)
+    opts = dataclasses.replace(opts, calibration=calibration)
+    t_loaded = time.perf_counter()
+
+    specs = build_specs(opts.targets, opts.rule_options)
+    candidates = all_candidates(graph, specs)
+    # on an Ethos-U board, Vela's own partitioning is a plan the search can always fall back to
+    have = set(candidates)
+    candidates += [c for c in baseline_candidates(graph, opts.targets) if c not in have]
+    if opts.pins is not None:
+        candidates = filter_candidates(candidates, opts.pins)
+    t_cands = time.perf_counter()
+    fingerprints = {c.fingerprint for c in candidates}
+
+    own = estimator is None
+    table = campaign_table(opts)
+    # a farm campaign's one writer on its cost table: candidates, transitions and cut costs
+    est, writer = make_estimator(opts, graph) if estimator is None else (estimator, None)
+    post: PostSearch | None = None
+    try:
+        transition = choose_transition(opts, est, measure=own, writer=writer)
+        cut_info: dict | None = None
+        # profile mode wraps the estimator the campaign built; a caller's own is used as is
+        profile_mode = (own and est.kind.reads_table
+                        and measure_strategy(opts, graph) is MeasureStrategy.PROFILE)
+        if opts.cut_costs and est.kind.reads_table:
+            # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
+            transition, cut_info = with_cut_costs(graph, opts.targets, transition,
+                                                  table, campaign_id,
+                                                  measure=est.kind.measures, writer=writer,
+                                                  wholes=profile_mode)
+        profile_info: dict | None = None
+        if profile_mode:
+            est, profile_info = profiled_estimator(opts, graph, est, cut_info)
+        lazy = bool(opts.prune and est.has_lower_bound)
+        try:
+            result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
+        except NoCoverError as e:
+            raise _with_reasons(e, candidates, est) from None
+        screen_info: dict | None = None
+        if isinstance(est, ProfiledEstimator):
+            result, screen_info = screen(graph, candidates, est, transition, result,
+                                         rounds=opts.screen_rounds, lazy=lazy)
+        first_estimate_s, first_search_s = result.total_s, result.search_s
+        measured = est.kind.measures  # costs measured on runners, not mock/table/analytic
+        confirm_info: dict | None = None
+        if measured and opts.confirm_rounds > 0:
+            confirm_info = already_decided(graph, opts, table, result)
+            if confirm_info is None:
+                result, confirm_info = confirm(graph, candidates, est, transition, result,
+                                               opts.targets, rounds=opts.confirm_rounds,
+                                               lazy=lazy)
+        if measured and (opts.verify or opts.refine_trials > 0):
+            post = post_search(post_search_options(opts), graph, result, est, transition)
+            if writer is not None:  # offline reuse of this table writes the same plan
+                record_decision(writer, graph, opts, result, post)
+        decision: PlanDecision | None = None
+        searched = result  # the Dijkstra plan, before a recorded decision replaces it
+        if est.kind is EstimatorKind.TABLE:
+            result, decision = reuse_decision(graph, opts, table, est, transition, result)
+    finally:
+        stats = est.stats()
+        slots = farm_slots(est)
+        if own:
+            est.close()  # closes the writer it opened
+    dijkstra = searched
+    if post is not None:
+        result = post.result
+    plan = make_plan(graph, result, opts.targets, estimator=est.label,
+                     transition=transition.label)
+    plan.extra.update({"campaign_id": campaign_id, "source": opts.model})
+    if opts.shapes or opts.model.startswith("pkg:"):  # `run` rebinds a dynamic source
+        plan.extra["shapes"] = {n: list(graph.tensors[n].shape) for n in graph.graph_inputs}
+    if opts.layers is not None:
+        plan.extra["layers"] = opts.layers
+    if calibration is not None:  # `run` builds the int8 partitions with these samples' ranges
+        plan.extra[CALIBRATION_KEY] = calibration.to_json()
+    plan.extra["runner_ups"] = {
+        e.id: [{**dataclasses.asdict(a), "cost_s": a.cost_s if math.isfinite(a.cost_s) else None}
+               for a in alts]
+        for e, alts in zip(plan.partitions, result.alternatives) if alts}
+    if post is not None:
+        plan.extra["never_worse"] = post.info
+    if decision is not None:
+        plan.extra["decision"] = decision.to_json()
+    plan = with_ethos_figures(plan, graph, opts.targets, _row_details(table))  # Ethos-U boards
+    write_plan(plan, graph, result, opts.out)
+    t_end = time.perf_counter()
+
+    per_target: dict[str, int] = {}
+    for p in plan.partitions:
+        per_target[p.target] = per_target.get(p.target, 0) + 1
+    summary = {
+        "model": graph.name,
+        "campaign_id": campaign_id,
+        "estimator": est.label,
+        "measure_mode": est.measure_mode or opts.measure_mode or "any",
+        "targets": [t.id for t in opts.targets],
+        "nodes": len(graph.nodes),
+        "candidates": len(candidates),
+        "distinct_fingerprints": len(fingerprints),
+        "partitions": len(plan.partitions),
+        "partitions_per_target": per_target,
+        "estimated_total_s": result.total_s,
+        "estimated_compute_s": sum(p.cost.seconds for p in result.partitions),
+        "estimated_transition_s": sum(p.penalty_s for p in result.partitions),
+        "cut_costs": cut_info,
+        "states_expanded": result.states_expanded,
+        "costs_requested": stats.requested or result.candidates_estimated,
+        "cache_hits": stats.cache_hits,
+        "measured": stats.measured,
+        "pruned": max(0, len(fingerprints) - result.distinct_estimated),
+        "analytic": stats.analytic,
+        "failed": stats.failed,
+        "failed_by_status": dict(getattr(stats, "failed_by_status", {}) or {}),
+        "load_s": t_loaded - t_start,
+        "phase2_s": t_cands - t_loaded,
+        "search_s": first_search_s + (confirm_info or {}).get("search_s", 0.0),
+        "wall_s": t_end - t_start,
+        "plan": str(Path(opts.out) / "plan.json"),
+        "cost_table": str(table) if table is not None else None,  # the report's heat map
+    }
+    if any(p.ethos for p in plan.partitions):
+        summary["ethos_partitions"] = {p.id: {"target": p.target, **p.ethos}
+                                       for p in plan.partitions if p.ethos}
+    summary["confirm"] = confirm_info
+    summary[CALIBRATION_KEY] = plan.extra.get(CALIBRATION_KEY)
+    summary["slots"] = slots
+    # `measure_mode` above is the cache mode candidates are timed in (warm | flush | network);
+    # `measure` is how costs were obtained (profile | exhaustive), `profiled` the profile runs
+    summary["measure"] = (MeasureStrategy.PROFILE.value if profile_info is not None
+                          else MeasureStrategy.EXHAUSTIVE.value)
+    summary["profiled"] = (profile_info or {}).get("runs", 0)
+    summary["profile"] = profile_info
+    summary["screen"] = screen_info
+    summary["first_search_estimated_s"] = first_estimate_s
+    summary["dijkstra_estimated_s"] = dijkstra.total_s
+    summary["dijkstra_partitions"] = len(dijkstra.partitions)
+    if post is not None:
+        summary.update(post.info)
+        summary["post_search_s"] = post.elapsed_s
+    elif decision is not None:
+        summary["decision"] = decision.to_json()
+        summary["plan_is"] = decision.plan_is
+        summary["verify"] = (
+            f"not measured now: the plan is the one campaign {decision.campaign_id} wrote for "
+            f"this search plan after measuring it end to end ({decision.plan_is}; "
+            f"{decision.figures.get('never_worse')})")
+    else:
+        summary["verify"] = (
+            f"skipped: costs from {est.label} are not measurements on this machine; run "
+            f"`collage-farm run {opts.out}` to measure the plan" if not est.kind.measures
+            else "skipped (--no-verify, --refine-trials 0)")
+    # one story, every figure named by its plan (collage_farm.report.summary)
+    summary.update(story_keys(summary, result, dijkstra, len(graph.nodes)))
+    if opts.report:
+        try:
+            summary["report"] = str(write_report(opts.out, summary,
+                                                 post.measured if post else None))
+        except Exception as e:  # a drawing problem must not lose the plan
+            log.warning("report not written: %s: %s", type(e).__name__, e)
+            summary["report_error"] = f"{type(e).__name__}: {e}"
+    summary["wall_s"] = time.perf_counter() - t_start
+    return summary
+
+
+def _row_details(table: Path | None) -> Callable[[str, Target], dict] | None:
+    """Details of the ok row of (fingerprint, target) in the campaign's cost table."""
+    if table is None or not table.exists():
+        return None
+    rows = CostTable(table)
+
+    def details_of(fp: str, target: Target) -> dict:
+        row = rows.lookup([(fp, target.measure_key)]).get((fp, target.measure_key))
+        return row.details_dict() if row is not None and row.ok else {}
+    return details_of
