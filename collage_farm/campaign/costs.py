@@ -52,9 +52,12 @@ def measure_strategy(opts: TuneOptions, graph: DataflowGraph) -> MeasureStrategy
     """How this campaign's candidates get costs: ``opts.measure`` when given; else ``profile``
     for a farm campaign, and for an offline one whose table holds this model's profile rows
     (so it prices as the campaign that wrote them did); else ``exhaustive`` (an offline table
-    of isolated measurements; simulated boards, which have no profiler; mock costs)."""
+    of isolated measurements; only simulated targets (Ethos-U boards), which have no
+    profiler; mock costs)."""
     if opts.measure:
         return MeasureStrategy.parse(opts.measure)
+    if all(t.toolchain in SIMULATED_TOOLCHAINS for t in opts.targets):
+        return MeasureStrategy.EXHAUSTIVE  # nothing to profile: simulated figures are exact
     if opts.estimator is CostSource.FARM:
         return MeasureStrategy.PROFILE
     table = campaign_table(opts)

@@ -10,7 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from collage_farm.campaign import CostSource, TuneOptions
+from collage_farm import zoo
+from collage_farm.campaign import CostSource, TuneOptions, measure_strategy
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from collage_farm.core.estimator import EstimatorKind
@@ -21,6 +22,7 @@ from collage_farm.costtable import CostTable, CostTableWriter, TableStore, row_f
 from estimators.analytic import FAST_CONV_FACTOR, AnalyticEstimator, node_flops, sub_graph_work
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
+from estimators.profiled import MeasureStrategy
 from estimators.sources import Strictness
 from estimators.table import MissingCostsError, TableEstimator
 from runners.base import (
@@ -444,3 +446,20 @@ def test_cost_source_is_an_enum_parsed_from_its_value(tmp_path: Path) -> None:
     assert CostSource.LOCAL.measures and not CostSource.OFFLINE.measures
     with pytest.raises(ValueError, match="farm, local, offline, mock"):
         TuneOptions(model="m", targets=(ORT,), out=tmp_path, estimator="bogus")
+
+
+def test_measure_strategy_defaults_by_cost_source(tmp_path: Path) -> None:
+    """Unset ``measure``: profile for a farm campaign, exhaustive for simulated-only targets,
+    offline tables without profile rows and mock costs; a given value always wins."""
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    vela = BUILTIN_TARGETS["ethos-u55-128"]
+
+    def strategy(**kw: object) -> MeasureStrategy:
+        return measure_strategy(TuneOptions(model="m", out=tmp_path, **kw), g)
+
+    assert strategy(targets=(ORT,)) is MeasureStrategy.PROFILE
+    assert strategy(targets=(ORT,), measure="exhaustive") is MeasureStrategy.EXHAUSTIVE
+    assert strategy(targets=(vela,)) is MeasureStrategy.EXHAUSTIVE
+    assert strategy(targets=(ORT,), estimator="mock") is MeasureStrategy.EXHAUSTIVE
+    assert strategy(targets=(ORT,), estimator="offline",
+                    cost_table=tmp_path / "none") is MeasureStrategy.EXHAUSTIVE
