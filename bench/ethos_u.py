@@ -131,9 +131,24 @@ def _options(plan: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(count.items())) or "-"
 
 
+def _run_check(plan_dir: Path) -> str:
+    """What ``collage-farm run`` checks: the plan run (NPU partitions through the int8 TFLite
+    reference kernels Vela's input is, host partitions likewise) against the fp32 model in
+    ONNX Runtime, on the feeds ``run`` uses; "ok (max abs E, tol: T)" or why it failed."""
+    from collage_farm.execute import PlanExecutor
+
+    try:
+        ex = PlanExecutor(plan_dir)
+        err = ex.check(ex.check_feeds())
+        return f"ok ({max(err.values()):.3g}; {ex.tolerance})"
+    except Exception as e:  # the row says why; the table goes on
+        return f"FAILED: {type(e).__name__}: {' '.join(str(e).split())[:80]}"
+
+
 def plan_row(name: str, system: str, model: str, tmp: Path, again: bool) -> str:
     """One campaign (two with ``again``) and its table row."""
     s, plan, costs, wall = _campaign(model, system, tmp / system / "a")
+    checked = _run_check(tmp / system / "a" / "out")
     same = "-"
     if again:
         s2, plan2, costs2, _ = _campaign(model, system, tmp / system / "b")
@@ -148,7 +163,8 @@ def plan_row(name: str, system: str, model: str, tmp: Path, again: bool) -> str:
           else f"- | {str(s.get('never_worse', ''))[:60]} | -")
     return (f"| {system} | {name} | {total * 1e3:.3f} | {vs} | {s['partitions']} ("
             + " + ".join(f"{k} {v}" for k, v in per.items()) + f") | {_moved(s, plan)} | "
-            f"{_options(plan)} | {s['measured']} | {s['failed']} | {wall:.1f} | {same} |")
+            f"{_options(plan)} | {s['measured']} | {s['failed']} | {wall:.1f} | {same} | "
+            f"{checked} |")
 
 
 def plans_section(models: dict[str, dict[str, object]], systems: list[str],
@@ -160,11 +176,12 @@ def plans_section(models: dict[str, dict[str, object]], systems: list[str],
              "analytic Cortex-M cycle model for the host; ms). `moved`: op types the plan puts "
              "elsewhere than Vela's own split; `Vela options`: the plan's NPU partitions per "
              "--optimise; `builds`: candidates built and costed; `again`: a second campaign "
-             "on a fresh cost table gave identical costs and plan.", "",
+             "on a fresh cost table gave identical costs and plan; `run`: the plan run and checked "
+             "against the fp32 model as `collage-farm run` does (max abs error; tolerance).", "",
              "| board | model | plan (ms) | Vela whole (ms) | Vela whole / plan | plan <= Vela "
              "whole | partitions | moved from Vela's split | Vela options | builds | failed "
-             "| wall (s) | again |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| wall (s) | again | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, kw in models.items():
         with tempfile.TemporaryDirectory() as tmp:
             model = _source(name, kw, Path(tmp))

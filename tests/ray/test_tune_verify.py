@@ -117,10 +117,10 @@ def test_alternating_mix_is_replaced_by_the_best_single(make_farm: Any, tmp_path
 def test_tune_cli_json_refines_and_compare_spreads(ray_cluster: Any, tmp_path: Path) -> None:
     out, costs = tmp_path / "out", tmp_path / "costs"
     buf = io.StringIO()
-    with redirect_stdout(buf):
+    with redirect_stdout(buf):  # no pruning: every candidate gets a row (see the re-run below)
         rc = main(["tune", "zoo:mnist", "--targets", TARGETS, "--out", str(out),
                    "--cost-table", str(costs), "--refine-trials", "2", "--no-prune",
-                   "--measure", "exhaustive", "--json"])  # no pruning: every candidate gets a row (see the re-run below)
+                   "--measure", "exhaustive", "--json"])
     assert rc == 0
     s = json.loads(buf.getvalue())
     for k in SUMMARY_KEYS + NEVER_WORSE_KEYS:
