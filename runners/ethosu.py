@@ -144,6 +144,7 @@ ONNX_TO_TFLITE: dict[str, tuple[str, ...]] = {
     "Mul": ("MUL",),
     "Div": ("MUL",),
     "Reshape": ("RESHAPE", "TRANSPOSE"),
+    "Identity": ("RESHAPE",),
     "Flatten": ("RESHAPE", "TRANSPOSE"),
     "Squeeze": ("RESHAPE", "TRANSPOSE"),
     "Unsqueeze": ("RESHAPE", "TRANSPOSE"),

@@ -255,6 +255,16 @@ class _Lowering(_Fp32Lowering):
 
     _emit_flatten = _emit_squeeze = _emit_unsqueeze = _emit_reshape
 
+    def _emit_identity(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        """An ONNX Identity of a computed tensor: a RESHAPE to its own (held) shape, with the
+        output's quantisation tied to the input's (the same values, so the same scale)."""
+        x = self.act(n.inputs[0])
+        shape = self.tensors[x].shape
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.tie(x, y)
+        self.op("RESHAPE", [x, self.const(f"{n.name}/shape", np.array(shape), "int32")], [y],
+                nodes, {"NewShape": list(shape)})
+
     def _emit_softmax(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
         x = self.act(n.inputs[0])
         if isinstance(_softmax_axis(n, self.g), str):  # fp32: last ONNX axis of a rank-4 tensor

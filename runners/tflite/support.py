@@ -403,6 +403,7 @@ _CHECKS: dict[str, Callable[..., str | None]] = {
     "Mul": _check_binary,
     "Div": _check_binary,
     "Reshape": _check_reshape,
+    "Identity": _check_unary,
     "Flatten": _check_reshape,
     "Squeeze": _check_reshape,
     "Unsqueeze": _check_reshape,

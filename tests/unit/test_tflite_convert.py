@@ -211,7 +211,8 @@ def all_ops_model() -> onnx.ModelProto:
         n("Gemm", ["fl", "gw", "gb"], ["g"], name="gemm", transB=1),
         n("Softmax", ["g"], ["sm"], name="softmax", axis=-1),
         n("GlobalAveragePool", ["st"], ["gap"], name="gap"),
-        n("GlobalMaxPool", ["c"], ["gmp"], name="gmp"),
+        n("Identity", ["c"], ["ci"], name="ident"),  # of a computed tensor: not folded
+        n("GlobalMaxPool", ["ci"], ["gmp"], name="gmp"),
         n("Add", ["gap", "gap"], ["gap2"], name="addself"),
     ]
     outs = [helper.make_tensor_value_info(t, TensorProto.FLOAT, None)
@@ -232,7 +233,7 @@ def test_every_mapped_operator_matches_onnxruntime(mode: str) -> None:
     ops = [o.op for o in conv.ops]
     for code in ("LOGISTIC", "TANH", "CONCATENATION", "LEAKY_RELU", "HARD_SWISH", "MUL", "SUB",
                  "MAXIMUM", "MINIMUM", "PAD", "AVERAGE_POOL_2D", "MAX_POOL_2D",
-                 "FULLY_CONNECTED", "SOFTMAX", "MEAN", "REDUCE_MAX", "ADD"):
+                 "FULLY_CONNECTED", "SOFTMAX", "MEAN", "REDUCE_MAX", "ADD", "RESHAPE"):
         assert code in ops, code
     if mode == "int8":
         # a Sigmoid (1/256, -128) and a Tanh (1/128, 0) cannot share the concat's parameters:
