@@ -22,10 +22,13 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
   each: 1.5-2.4 steps for mnist, 2.5-3.4 for resnet18 and 3.4-4.1 for mobilenet_v2 (both at
   32x32; whole on the NPU or cut into 3 partitions alternating NPU and host: the same errors),
   3.1-4.3 for a one-layer GPT-2 (Vela's split, 20 partitions, or 14), 3.8 for the 17-partition
-  plan a campaign wrote for it. 8 steps leaves about twice the largest of those; a wrong
-  wiring, a swapped or stale partition or a miscalibrated tensor (GPT-2's attention mask
-  quantised over [-10000, 4]: 47-52 steps; a partition calibrated on one sample and fed
-  another: 14-16) lands far beyond it;
+  plan a campaign wrote for it; 8.1 for the pooler output of a two-layer BERT (a Tanh of a
+  wide-range Gemm: the Gemm's coarser step, carried through the Tanh's slope of up to 1, is
+  several steps of the Tanh's narrow output range), on every Ethos-U board
+  (``bench/ethos_u.py``, its ``run`` column). 12 steps leaves half again the largest of those;
+  a wrong wiring, a swapped or stale partition or a miscalibrated tensor (GPT-2's attention
+  mask quantised over [-10000, 4]: 47-52 steps; a partition calibrated on one sample and fed
+  another: 14-16) lands beyond it, the last by a thin margin;
 - int8 otherwise (any model that quantizes itself: `quantized`; no ranges known): rtol=0.1,
   atol=0.1 x max|ref|.
 """
@@ -77,7 +80,7 @@ PRECISIONS: dict[str, tuple[float, float, bool]] = {
 
 
 #: int8 outputs with a calibrated range: tolerance in int8 steps of that range (docstring)
-INT8_STEPS = 8.0
+INT8_STEPS = 12.0
 
 
 def int8_step(lo: float, hi: float) -> float:

@@ -108,7 +108,7 @@ def test_partitions_use_the_whole_model_ranges_where_their_own_failed(model_file
     # [-10000, ...]: one int8 step is wider than every score it must keep apart
     own = calibrate_partition(ex.files["p000"].read_bytes(), feeds)
     assert own["masked"][0] < -9000 and (own["masked"][1] - own["masked"][0]) / 255 > 30
-    errors = ex.check(feeds)  # passes: within 8 int8 steps of y's calibrated range
+    errors = ex.check(feeds)  # passes: within 12 int8 steps of y's calibrated range
     assert errors["y"] <= 8 * ex.int8_steps["y"]
     # the same partitions with per-partition calibration fail the same check
     per_partition = [make_runtime(rt.id, rt.target, rt.toolchain, ex.files[rt.id].read_bytes(),
