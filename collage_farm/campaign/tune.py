@@ -80,7 +80,7 @@ from collage_farm.campaign.options import (
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
 from collage_farm.core.pins import filter_candidates
-from collage_farm.core.plan import PlanError, make_plan, write_plan
+from collage_farm.core.plan import Plan, PlanError, make_plan, write_plan
 from collage_farm.core.rules import all_candidates
 from collage_farm.core.search import NoCoverError, SearchResult, search
 from collage_farm.core.target import Target
@@ -227,7 +227,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         plan.extra["never_worse"] = post.info
     if decision is not None:
         plan.extra["decision"] = decision.to_json()
-    plan = with_ethos_figures(plan, graph, opts.targets, _row_details(table))  # Ethos-U boards
+    plan = with_ethos_figures(plan, graph, opts.targets,
+                              _row_details(table, plan, opts.targets))  # Ethos-U boards
     write_plan(plan, graph, result, opts.out)
     t_end = time.perf_counter()
 
@@ -308,13 +309,18 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     return summary
 
 
-def _row_details(table: Path | None) -> Callable[[str, Target], dict] | None:
-    """Details of the ok row of (fingerprint, target) in the campaign's cost table."""
+def _row_details(table: Path | None, plan: Plan, targets: Sequence[Target]
+                 ) -> Callable[[str, Target], dict] | None:
+    """Details of the ok row of each of ``plan``'s partitions in the campaign's cost table,
+    looked up in one pass, answered by (fingerprint, target)."""
     if table is None or not table.exists():
         return None
-    rows = CostTable(table)
+    by_id = {t.id: t for t in targets}
+    keys = [(p.fingerprint, by_id[p.target].measure_key) for p in plan.partitions
+            if p.target in by_id]
+    found = CostTable(table).lookup(keys)
 
     def details_of(fp: str, target: Target) -> dict:
-        row = rows.lookup([(fp, target.measure_key)]).get((fp, target.measure_key))
+        row = found.get((fp, target.measure_key))
         return row.details_dict() if row is not None and row.ok else {}
     return details_of
