@@ -33,7 +33,7 @@ from collage_farm.core.target import (
     parse_targets,
 )
 from collage_farm.core.transition import TransitionModel
-from collage_farm.report.summary import story_text
+from collage_farm.report.summary import plural, story_text
 from estimators.profiled import MeasureStrategy
 
 __all__ = ["add_tune_parser", "print_summary", "run_tune"]
@@ -262,9 +262,11 @@ def print_summary(s: dict[str, Any]) -> None:
     by = s.get("failed_by_status") or {}
     if s.get("measure") == "profile":
         scr = s.get("screen") or {}
-        print(f"costs from in-network profiles: {s.get('profiled', 0)} profile runs, "
-              f"{scr.get('measured', 0)} uncertain candidates on {scr.get('plans', 0)} best "
-              "plans measured in isolation")
+        screened = (f"{plural(int(scr.get('measured', 0)), 'uncertain candidate')} on "
+                    f"{plural(int(scr.get('plans', 0)), 'best plan')} measured in isolation"
+                    if scr.get("measured") else "no candidate measured in isolation")
+        print(f"costs from in-network profiles: {plural(int(s.get('profiled', 0)), 'profile run')}"
+              f" sent now (per-operator shares of each target's whole model); {screened}")
     print(f"costs from {est}{warn}: {s['measured']} measured, {s['cache_hits']} cache hits, "
           f"{s['pruned']} pruned, {s['failed']} failed"
           + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(by.items()))})" if by else ""))
