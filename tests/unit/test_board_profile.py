@@ -1,0 +1,189 @@
+"""Profile mode on an Ethos-U board: profile builds, estimates, exact confirmation (no Ray).
+
+Real Vela compiles and host conversions in local isolated workers (the ``local`` estimator) on
+the built-in ethos-u55-128 board, on a five-node model that the board splits between the host
+(an embedding Gather and a LayerNorm, float32) and the NPU (MatMul, Relu, MatMul): the profile
+estimate of each of Vela's own partitions equals its build exactly; a candidate that splits a
+fused operator, or holds a node its target's profile does not account for, is built, never
+estimated; a profile campaign writes exact figures only (each plan partition's figure is its
+isolated build's, read from an exhaustive campaign's table), agrees with the exhaustive
+campaign, and an offline campaign on its table writes the same plan and builds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("ethosu.regor")
+
+from collage_farm.campaign import TuneOptions, run_tune
+from collage_farm.config import load_config
+from collage_farm.core.candidate import CandidatePartition
+from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, load_graph
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.costtable import CostTable, TableStore
+from collage_farm.postsearch.vela_whole import profile_candidates
+from collage_farm.probes.board_profiles import board_profiled
+from estimators.board_profiled import BoardProfiledEstimator
+from estimators.local import LocalService
+from estimators.measured import FarmEstimator
+
+BOARD = "ethos-u55-128"
+
+
+def _w(name: str, shape: tuple[int, ...], seed: int = 0) -> onnx.TensorProto:
+    rng = np.random.default_rng(seed)
+    return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+
+def _model() -> onnx.ModelProto:
+    """ids -> embedding Gather -> LayerNorm -> MatMul(const) -> Relu -> MatMul(const)."""
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+             helper.make_node("LayerNormalization", ["e", "gamma", "beta"], ["n"], axis=-1,
+                              name="norm"),
+             helper.make_node("MatMul", ["n", "w1"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")]
+    inits = [_w("table", (64, 32)), numpy_helper.from_array(np.ones(32, np.float32), "gamma"),
+             numpy_helper.from_array(np.zeros(32, np.float32), "beta"),
+             _w("w1", (32, 64), 2), _w("w2", (64, 32), 3)]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("ids", TensorProto.INT64,
+                                                                     [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32])],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = MAX_IR_VERSION
+    return m
+
+
+def _targets() -> tuple:
+    return tuple(load_config(builtin_system=BOARD).selected_targets)
+
+
+def _campaign(out: Path, model: Path, measure: str, **kw: object) -> tuple[dict, dict]:
+    cfg = load_config(builtin_system=BOARD)
+    s = run_tune(TuneOptions(model=str(model), targets=tuple(cfg.selected_targets), out=out,
+                             estimator=kw.pop("estimator", "local"), transition=cfg.transition,
+                             report=False, measure=measure, **kw))  # type: ignore[arg-type]
+    return s, json.loads((out / "plan.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def campaigns(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The model, and a profile and an exhaustive campaign on it (fresh tables)."""
+    tmp = tmp_path_factory.mktemp("board_profile")
+    model = tmp / "gln.onnx"
+    onnx.save(_model(), model)
+    return {"model": model, "tmp": tmp,
+            "profile": _campaign(tmp / "profile", model, "profile"),
+            "exhaustive": _campaign(tmp / "exhaustive", model, "exhaustive")}
+
+
+def _estimator(graph: DataflowGraph, campaigns: dict, tmp: Path) -> BoardProfiledEstimator:
+    """The estimator over a copy of the profile campaign's table (its profile builds are
+    there: nothing is built again)."""
+    table = tmp / "costs"
+    shutil.copytree(campaigns["tmp"] / "profile" / "costs", table)
+    targets = _targets()
+    exact = FarmEstimator(LocalService(sorted({t.toolchain for t in targets}), parallel=1),
+                          TableStore(table), model=graph.name)
+    est, _ = board_profiled(graph, profile_candidates(graph, targets), exact, table)
+    return est
+
+
+def test_profile_estimate_of_vela_split_equals_its_builds(campaigns: dict,
+                                                          tmp_path: Path) -> None:
+    graph = load_graph(onnx.load(campaigns["model"]))
+    est = _estimator(graph, campaigns, tmp_path)
+    try:
+        parts = profile_candidates(graph, _targets())
+        assert {c.target.id for c in parts} == {BOARD, f"{BOARD}-size", "cortex-m55"}
+        built = est.exact.estimate(parts)  # memo of the profile builds: their exact figures
+        checked = 0
+        for c, cost in zip(parts, built):
+            p = est.profiles[c.target.id]
+            assert p.why_not(c) is None, c.label()
+            # Vela's figure is its operators' cycles (no per-compile cycles); the host's is
+            # its operators' plus its float boundary: the estimate is the build, exactly
+            assert p.seconds(c) == cost.seconds, c.label()
+            checked += 1
+        assert checked == len(parts) >= 4
+        assert est.stats().measured == 0  # profile builds are not counted as exact builds
+    finally:
+        est.close()
+
+
+def test_a_split_or_unaccounted_candidate_is_built_not_estimated(campaigns: dict,
+                                                                 tmp_path: Path) -> None:
+    graph = load_graph(onnx.load(campaigns["model"]))
+    table_est = _estimator(graph, campaigns, tmp_path)
+    # exact where the profile builds are, whatever else the copied table holds
+    parts = profile_candidates(graph, _targets())
+    est = BoardProfiledEstimator(table_est.profiles, table_est.exact,
+                                 known={(c.fingerprint, c.target.measure_key) for c in parts})
+    by_id = {t.id: t for t in _targets()}
+    idx = {n.name: n.index for n in graph.nodes}
+
+    def cand(names: list[str], target: str) -> CandidatePartition:
+        return CandidatePartition(SubGraph(graph, sum(1 << idx[n] for n in names)),
+                                  by_id[target])
+    try:
+        split = cand(["fc1"], BOARD)  # its Relu is fused into the FULLY_CONNECTED
+        assert "fused" in str(est.why_built(split))
+        gather = cand(["embed"], BOARD)  # the NPU profile has no Gather
+        assert "no profile build" in str(est.why_built(gather))
+        whole_fc = cand(["fc1", "relu"], BOARD)
+        assert est.why_built(whole_fc) is None and est.provisional(whole_fc)
+        costs = est.estimate([split, gather, whole_fc])
+        # the two answer their builds (the exhaustive campaign's table built every candidate)
+        rows = {r.fingerprint: r for r in
+                CostTable(campaigns["tmp"] / "exhaustive" / "costs").rows()}
+        assert costs[0].seconds == rows[split.fingerprint].median
+        assert est.is_confirmed(split) and not est.provisional(split)
+        assert est.is_confirmed(gather) and "Gather" in str(est.why_invalid(gather))
+        assert not costs[1].is_known  # Vela refuses a Gather: invalid exactly as when built
+        assert costs[2].is_known and not est.is_confirmed(whole_fc)
+        (exact,) = est.build([whole_fc])  # built now: answers its exact figure from now on
+        assert est.estimate([whole_fc]) == [exact] and not est.provisional(whole_fc)
+    finally:
+        est.close()
+
+
+def test_profile_campaign_writes_exact_figures_and_agrees_with_exhaustive(
+        campaigns: dict) -> None:
+    (sp, plan_p), (se, plan_e) = campaigns["profile"], campaigns["exhaustive"]
+    assert sp["measure"] == "profile" and se["measure"] == "exhaustive"
+    assert sp["profiled"] >= 4 and sp["measured"] < se["measured"]
+    assert sp["profile"]["board"] and "simulated" in sp["profile"]["figures"]
+    assert sp["confirm"]["exact"] and "simulated" in sp["figures"]
+    # every partition of the written plan: its figure is its isolated build's (the exhaustive
+    # campaign's table built every candidate in isolation)
+    rows = {(r.fingerprint, r.target): r.median
+            for r in CostTable(campaigns["tmp"] / "exhaustive" / "costs").rows() if r.ok}
+    for p in plan_p["partitions"]:
+        assert p["estimated_s"] == rows[(p["fingerprint"], p["target"])], p["id"]
+    # the exact comparison with Vela whole used exact figures: equal to the exhaustive one's
+    assert sp["vela_whole_estimated_s"] == se["vela_whole_estimated_s"]
+    assert sp["estimated_total_s"] <= sp["vela_whole_estimated_s"]
+    # on this model both modes write the same plan with the same exact figure
+    assert [(p["target"], p["nodes"]) for p in plan_p["partitions"]] == \
+        [(p["target"], p["nodes"]) for p in plan_e["partitions"]]
+    assert sp["estimated_total_s"] == se["estimated_total_s"]
+
+
+def test_offline_on_a_profile_campaign_table_writes_its_plan(campaigns: dict) -> None:
+    tmp = campaigns["tmp"]
+    sp, plan_p = campaigns["profile"]
+    so, plan_o = _campaign(tmp / "offline", campaigns["model"], "", estimator="offline",
+                           cost_table=tmp / "profile" / "costs")
+    assert so["measure"] == "profile" and so["measured"] == 0 and so["profiled"] == 0
+    assert [(p["target"], p["nodes"]) for p in plan_o["partitions"]] == \
+        [(p["target"], p["nodes"]) for p in plan_p["partitions"]]
+    assert so["estimated_total_s"] == sp["estimated_total_s"]
