@@ -33,6 +33,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -177,7 +178,6 @@ def plan_row(name: str, system: str, model: str, tmp: Path, again: bool) -> str:
 def plans_section(models: dict[str, dict[str, object]], systems: list[str],
                   again: bool = True) -> list[str]:
     """Collage plan vs Vela whole per model and board (module docstring, (4))."""
-    import tempfile
 
     lines = ["", "Collage plan vs Vela whole per board (simulated: Vela cycles for the NPU, the "
              "analytic Cortex-M cycle model for the host; ms). `moved`: op types the plan puts "
@@ -189,36 +189,63 @@ def plans_section(models: dict[str, dict[str, object]], systems: list[str],
              "whole | partitions | moved from Vela's split | Vela options | builds | failed "
              "| wall (s) | again | run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    return lines + _rows(models, systems,
+                         lambda name, system, model, tmp: plan_row(name, system, model, tmp,
+                                                                   again))
+
+
+def _rows(models: dict[str, dict[str, object]], systems: list[str],
+          row: Callable[[str, str, str, Path], str]) -> list[str]:
+    """``row(name, system, model, tmp)`` per model and board, printed as they come; a failed
+    one is a FAILED row (one model's failure must not lose the table)."""
+    import tempfile
+
+    lines: list[str] = []
     for name, kw in models.items():
         with tempfile.TemporaryDirectory() as tmp:
             model = _source(name, kw, Path(tmp))
             for system in systems:
                 try:
-                    lines.append(plan_row(name, system, model, Path(tmp), again))
-                except Exception as e:  # one model's failure must not lose the table
+                    lines.append(row(name, system, model, Path(tmp)))
+                except Exception as e:
                     lines.append(f"| {system} | {name} | FAILED: {type(e).__name__}: "
                                  f"{str(e)[:120]} |")
                 print(lines[-1], flush=True)
     return lines
 
 
-def _mode_cells(s: dict, wall: float) -> str:
-    """One measure mode's cells: builds (profile + exact), wall, first estimate, final."""
+#: the columns of (5), and what they mean
+PROFILE_COLUMNS = ("board", "model", "profile builds", "profile wall (s)",
+                   "first estimate (ms)", "profile final (ms)", "exhaustive builds",
+                   "exhaustive wall (s)", "exhaustive final (ms)", "Vela whole (ms)",
+                   "<= Vela whole", "plans")
+PROFILE_LEGEND = (
+    "Profile mode beside exhaustive mode (simulated figures, ms). `builds`: profile: profile "
+    "builds + exact builds (candidates a profile does not account for, and the plan's "
+    "candidates built to confirm); exhaustive: every candidate built. `first estimate`: the "
+    "profile estimate of the first Dijkstra plan (rounds of the exact confirmation, candidates "
+    "built there). `final`: the written plan's exact simulated latency (Vela cycles + host "
+    "cycle model + transitions). `<= Vela whole`: per mode run (profile first), exact "
+    "comparison. `plans`: whether both modes wrote the same partitions.")
+
+
+def _mode_cells(runs: dict[str, tuple[dict, dict, dict, float]], mode: str) -> list[str]:
+    """One measure mode's cells: builds, wall, (profile: first estimate), final."""
+    if mode not in runs:
+        return ["-"] * (4 if mode == "profile" else 3)
+    s, wall = runs[mode][0], runs[mode][3]
+    final = f"{s['estimated_total_s'] * 1e3:.4f}"
+    if mode != "profile":
+        return [str(s["measured"]), f"{wall:.1f}", final]
     conf = s.get("confirm") or {}
-    builds = (f"{s['profiled']} + {s['measured']}" if s.get("measure") == "profile"
-              else f"{s['measured']}")
-    first = (f"{s['first_search_estimated_s'] * 1e3:.3f}" if s.get("measure") == "profile"
-             else "-")
-    rounds = f" ({conf.get('rounds')} rounds, {conf.get('built')} built)" \
-        if s.get("measure") == "profile" else ""
-    return f"{builds} | {wall:.1f} | {first}{rounds} | {s['estimated_total_s'] * 1e3:.4f}"
+    return [f"{s['profiled']} + {s['measured']}", f"{wall:.1f}",
+            f"{s['first_search_estimated_s'] * 1e3:.4f} ({conf.get('rounds')} rounds, "
+            f"{conf.get('built')} built)", final]
 
 
 def profile_row(name: str, system: str, model: str, tmp: Path, measures: list[str]) -> str:
     """Profile mode beside exhaustive mode on one board and model (module docstring, (5))."""
     runs = {m: _campaign(model, system, tmp / system / m, measure=m) for m in measures}
-    cells = [_mode_cells(runs[m][0], runs[m][3]) if m in runs else "- | - | - | -"
-             for m in ("profile", "exhaustive")]
     s = next(iter(runs.values()))[0]
     vw = s.get("vela_whole_estimated_s")
     same = "-"
@@ -228,38 +255,19 @@ def profile_row(name: str, system: str, model: str, tmp: Path, measures: list[st
         same = "identical" if p == e else "DIFFERENT"
     never = " ".join("yes" if r[0]["estimated_total_s"] <= (vw or 0) else "NO"
                      for r in runs.values())
-    return (f"| {system} | {name} | {' | '.join(cells)} | "
-            f"{vw * 1e3 if vw else float('nan'):.4f} | {never} | {same} |")
+    cells = [system, name, *_mode_cells(runs, "profile"), *_mode_cells(runs, "exhaustive"),
+             f"{vw * 1e3:.4f}" if vw else "-", never, same]
+    return "| " + " | ".join(cells) + " |"
 
 
 def profile_section(models: dict[str, dict[str, object]], systems: list[str],
                     measures: list[str]) -> list[str]:
     """Profile mode beside exhaustive mode per model and board (module docstring, (5))."""
-    import tempfile
-
-    lines = ["", "Profile mode beside exhaustive mode (simulated figures, ms). `builds`: "
-             "profile: profile builds + exact builds (candidates a profile does not account "
-             "for, and the plan's candidates built to confirm); exhaustive: every candidate "
-             "built. `first estimate`: the profile estimate of the first Dijkstra plan "
-             "(rounds of the exact confirmation, candidates built there). `final`: the written "
-             "plan's exact simulated latency (Vela cycles + host cycle model + transitions). "
-             "`<= Vela whole`: per mode run, exact comparison. `plans`: whether both modes "
-             "wrote the same partitions.", "",
-             "| board | model | profile builds | profile wall (s) | first estimate (ms) | "
-             "profile final (ms) | exhaustive builds | exhaustive wall (s) | - | exhaustive "
-             "final (ms) | Vela whole (ms) | <= Vela whole | plans |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name, kw in models.items():
-        with tempfile.TemporaryDirectory() as tmp:
-            model = _source(name, kw, Path(tmp))
-            for system in systems:
-                try:
-                    lines.append(profile_row(name, system, model, Path(tmp), measures))
-                except Exception as e:  # one model's failure must not lose the table
-                    lines.append(f"| {system} | {name} | FAILED: {type(e).__name__}: "
-                                 f"{str(e)[:120]} |")
-                print(lines[-1], flush=True)
-    return lines
+    lines = ["", PROFILE_LEGEND, "", "| " + " | ".join(PROFILE_COLUMNS) + " |",
+             "|" + "---|" * len(PROFILE_COLUMNS)]
+    return lines + _rows(models, systems,
+                         lambda name, system, model, tmp: profile_row(name, system, model, tmp,
+                                                                      measures))
 
 
 def main() -> None:

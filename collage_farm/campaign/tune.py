@@ -32,7 +32,12 @@ trusted, said in one warning line), answers every candidate from those profiles
 measured cut costs), so neither the search nor the confirmation step measures a candidate in
 isolation; ``screen_rounds`` > 0 measures the uncertain candidates on the best plans
 (`collage_farm.postsearch.screen`). A target without a usable profile falls back to isolated
-measurement, with one warning line in the summary. ``exhaustive`` (the default) measures every
+measurement, with one warning line in the summary. On a simulated Ethos-U board ``profile``
+builds Vela's own split once per target instead (`collage_farm.probes.board_profiles`),
+prices candidates by their operators' cycles there (`estimators.board_profiled`), and after
+the search builds the chosen path's candidates and searches again until the path is made of
+exact builds (`collage_farm.postsearch.exact_confirm`), so the plan's figures and the exact
+comparison with Vela whole are never estimates. ``exhaustive`` measures every
 candidate the search asks for in isolation (the behaviour before profiles). Profile mode
 applies to the estimator the campaign builds; a caller's own estimator is used as is.
 

@@ -34,7 +34,8 @@ def confirm_exact(graph: DataflowGraph, candidates: Sequence[CandidatePartition]
                   result: SearchResult, *, lazy: bool = True) -> tuple[SearchResult, dict]:
     """The search's path rebuilt until exact (module docstring), and the summary's figures:
     ``built`` candidates built to confirm, ``rounds`` searches, each built candidate's profile
-    estimate beside its exact figure (``log``), whether the path changed, and the wall time."""
+    estimate beside its exact figure (``log``), whether the path changed, ``estimated``
+    candidates priced by a profile estimate only (never built), and the wall time."""
     t0 = time.perf_counter()
     first_path = [p.candidate.fingerprint for p in result.partitions]
     first_s = result.total_s
@@ -67,6 +68,7 @@ def confirm_exact(graph: DataflowGraph, candidates: Sequence[CandidatePartition]
         "max_abs_estimate_error": max((abs(x) for x in errors), default=None),
         "remeasured": 0,
         "already_confirmed": sum(1 for p in result.partitions if est.is_confirmed(p.candidate)),
+        "estimated": est.estimated(),  # candidates the search priced by estimate only
         "wall_s": time.perf_counter() - t0,
         "search_s": search_s,
         "log": entries,

@@ -92,10 +92,13 @@ def board_profiled(graph: DataflowGraph, parts: Sequence[CandidatePartition],
                    est: CostEstimator, table: Path | None
                    ) -> tuple[BoardProfiledEstimator, dict]:
     """``est`` wrapped in a `BoardProfiledEstimator` over the profiles of ``parts`` (the
-    profile builds, built through ``est`` when the table has no row of them), and what
+    profile builds, built through ``est`` when the table has no row of them; offline, only
+    those the table holds), and what
     happened: per target its builds, groups and unaccounted nodes, ``runs`` (profile builds
     made now) and one warning line per target left without a profile."""
     known = _table_keys(table)
+    if not est.kind.measures:  # offline: the profile builds the table holds, nothing else
+        parts = [c for c in parts if (c.fingerprint, c.target.measure_key) in known]
     before = est.stats().measured
     costs = est.estimate(parts)
     runs = max(0, est.stats().measured - before)

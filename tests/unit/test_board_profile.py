@@ -16,17 +16,15 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("ethosu.regor")
 
 from collage_farm.campaign import TuneOptions, run_tune
 from collage_farm.config import load_config
 from collage_farm.core.candidate import CandidatePartition
-from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, load_graph
+from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.costtable import CostTable, TableStore
 from collage_farm.postsearch.vela_whole import profile_candidates
@@ -34,33 +32,9 @@ from collage_farm.probes.board_profiles import board_profiled
 from estimators.board_profiled import BoardProfiledEstimator
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
+from tests.unit.test_ethos_board import _gather_layernorm
 
 BOARD = "ethos-u55-128"
-
-
-def _w(name: str, shape: tuple[int, ...], seed: int = 0) -> onnx.TensorProto:
-    rng = np.random.default_rng(seed)
-    return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
-
-
-def _model() -> onnx.ModelProto:
-    """ids -> embedding Gather -> LayerNorm -> MatMul(const) -> Relu -> MatMul(const)."""
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
-             helper.make_node("LayerNormalization", ["e", "gamma", "beta"], ["n"], axis=-1,
-                              name="norm"),
-             helper.make_node("MatMul", ["n", "w1"], ["h"], name="fc1"),
-             helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")]
-    inits = [_w("table", (64, 32)), numpy_helper.from_array(np.ones(32, np.float32), "gamma"),
-             numpy_helper.from_array(np.zeros(32, np.float32), "beta"),
-             _w("w1", (32, 64), 2), _w("w2", (64, 32), 3)]
-    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("ids", TensorProto.INT64,
-                                                                     [1, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32])],
-                          inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = MAX_IR_VERSION
-    return m
 
 
 def _targets() -> tuple:
@@ -80,7 +54,7 @@ def campaigns(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The model, and a profile and an exhaustive campaign on it (fresh tables)."""
     tmp = tmp_path_factory.mktemp("board_profile")
     model = tmp / "gln.onnx"
-    onnx.save(_model(), model)
+    onnx.save(_gather_layernorm(), model)
     return {"model": model, "tmp": tmp,
             "profile": _campaign(tmp / "profile", model, "profile"),
             "exhaustive": _campaign(tmp / "exhaustive", model, "exhaustive")}
