@@ -28,8 +28,8 @@ from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.costtable import CostTable, TableStore
 from collage_farm.postsearch.vela_whole import profile_candidates
-from collage_farm.probes.board_profiles import board_profiled
-from estimators.board_profiled import BoardProfiledEstimator
+from collage_farm.probes.board_profiles import _renamed, board_profiled
+from estimators.board_profiled import BoardProfile, BoardProfiledEstimator, ProfileBuild
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 from tests.unit.test_ethos_board import _gather_layernorm
@@ -161,3 +161,28 @@ def test_offline_on_a_profile_campaign_table_writes_its_plan(campaigns: dict) ->
     assert [(p["target"], p["nodes"]) for p in plan_o["partitions"]] == \
         [(p["target"], p["nodes"]) for p in plan_p["partitions"]]
     assert so["estimated_total_s"] == sp["estimated_total_s"]
+
+
+def test_profile_groups_operators_that_share_a_node_and_drops_passthrough() -> None:
+    graph = load_graph(_gather_layernorm())
+    by_id = {t.id: t for t in _targets()}
+    idx = {n.name: n.index for n in graph.nodes}
+    build = ProfileBuild(("fc1", "relu", "fc2"), {"clock_hz": 500e6, "ops": [
+        {"nodes": ["fc1", "relu"], "cycles": 300},
+        {"nodes": ["fc2"], "cycles": 100, "target": "cpu"},  # Vela left it to the CPU
+    ]})
+    p = BoardProfile.of(BOARD, [build])
+    c = CandidatePartition(SubGraph(graph, (1 << idx["fc1"]) | (1 << idx["relu"])),
+                           by_id[BOARD])
+    assert p.why_not(c) is None and p.seconds(c) == 300 / 500e6
+    fc2 = CandidatePartition(SubGraph(graph, 1 << idx["fc2"]), by_id[BOARD])
+    assert "CPU" in str(p.why_not(fc2))
+
+
+def test_a_repeated_layers_row_is_read_with_its_own_node_names() -> None:
+    # two structurally equal partitions share a fingerprint, so one row answers both: its
+    # operators name the first one's nodes and are mapped by position onto the second's
+    d = {"ops": [{"nodes": ["l0/mm", "l0/add"], "cycles": 7}]}
+    got = _renamed(d, ("l0/mm", "l0/add"), ("l1/mm", "l1/add"))
+    assert got["ops"] == [{"nodes": ["l1/mm", "l1/add"], "cycles": 7}]
+    assert _renamed(d, ("l0/mm", "l0/add"), ("l0/mm", "l0/add")) is d
