@@ -26,8 +26,14 @@ the board's transition model's, charged by the search on top, as for built candi
 A candidate is **accounted** on its target when every node it holds is in a group of that
 target's profile, it holds each of its groups whole, and (host) every node was priced in the
 precision the host converts the candidate in (int8 when the converter maps each of its nodes in
-int8, else float32). Every other candidate (a node Vela leaves to the host, a split fused
-group, a precision change, a Vela Passthrough operator) is **built** now, as in an exhaustive
+int8, else float32). A candidate that splits fused groups by one node each (a Conv
+without its fused Relu, a Relu without its Conv: what the segment rules make at every group
+boundary) is accounted too, each such node priced by its own single-node build (an ordinary
+candidate, built once and shared by every candidate that splits a group there): Vela runs a
+lone Relu as an operator of its own, and a Conv without its activation at the fused group's
+cycles or close to them, so neither is a share of the group guessed. Every other candidate (a
+node Vela leaves to the host, a split that leaves two or more nodes of a group, a precision
+change, a Vela Passthrough operator) is **built** now, as in an exhaustive
 campaign, and answers its exact figure (or invalid, exactly as there). A candidate whose exact
 figure is known (a profile build, one built before, a row of the cost table: ``known``) always
 answers it.
@@ -49,6 +55,7 @@ from typing import Any
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.subgraph import SubGraph
 from estimators.base import CostEstimator, EstimatorStats
 from runners.cortex_m import host_mode
 from runners.host_model import HostModel
@@ -162,20 +169,59 @@ class BoardProfile:
         split = [g for g, k in seen.items() if k != self.group_size[g]]
         return f"splits {len(split)} fused operator group(s)" if split else None
 
-    def seconds(self, c: CandidatePartition) -> float:
-        """``c``'s profile estimate (module docstring); ``c`` must be accounted."""
+    def fragments(self, c: CandidatePartition) -> list[str] | None:
+        """The nodes by which ``c`` splits fused groups, when it is accounted but for those
+        and each split group's part in ``c`` is one node (a Conv without its fused Relu, or
+        the Relu without its Conv): each such node is then priced by its own single-node
+        build (on the host, less that build's own float boundary). None otherwise (a node in
+        no group, a split that leaves two or more nodes of a group, a host node alone in
+        another precision than the candidate)."""
         mode = self.mode(c)
-        groups = {self.group_of[(n, mode)] for n in c.node_names}
+        held: dict[int, list[str]] = {}
+        for n in c.node_names:
+            g = self.group_of.get((n, mode))
+            if g is None:
+                return None
+            held.setdefault(g, []).append(n)
+        out: list[str] = []
+        for g, nodes in held.items():
+            if len(nodes) != self.group_size[g]:
+                if len(nodes) > 1 or (self.host is not None and mode == "int8"
+                                      and nodes[0] not in self.int8_nodes):
+                    return None
+                out += nodes
+        # a float node alone is converted in float32, like the candidate it prices
+        if self.host is not None and mode == "int8" and any(n not in self.int8_nodes
+                                                            for n in out):
+            return None
+        return out
+
+    def boundary_s(self, c: CandidatePartition) -> float:
+        """Seconds of the DEQUANTIZE / QUANTIZE the host adds around ``c`` when it converts
+        ``c`` in float32 (`HostModel.fp32_boundary_cycles`); 0 on the NPU and in int8."""
+        return self.boundary_cycles(c) / self.clock_hz
+
+    def boundary_cycles(self, c: CandidatePartition) -> float:
+        """`boundary_s` in host cycles."""
+        if self.host is None or self.mode(c) != "fp32":
+            return 0.0
+        sg = c.sub_graph
+        g = sg.graph
+        floats_in = sum(g.tensors[t].size for t in sg.input_tensors
+                        if t in g.tensors and g.tensors[t].dtype == "float32")
+        floats_out = sum(g.tensors[t].size for t in sg.output_tensors if t in g.tensors)
+        return self.host.fp32_boundary_cycles(floats_in, floats_out)
+
+    def seconds(self, c: CandidatePartition, split: Mapping[str, float] | None = None
+                ) -> float:
+        """``c``'s profile estimate (module docstring); ``c`` must be accounted, or hold
+        the nodes of `fragments` whose single-node builds' seconds ``split`` gives."""
+        mode = self.mode(c)
+        groups = {self.group_of[(n, mode)] for n in c.node_names if n not in (split or {})}
         cycles = sum(self.group_cycles.get(g, 0.0) for g in sorted(groups))
-        if mode == "fp32":
-            assert self.host is not None
-            sg = c.sub_graph
-            g = sg.graph
-            floats_in = sum(g.tensors[t].size for t in sg.input_tensors
-                            if t in g.tensors and g.tensors[t].dtype == "float32")
-            floats_out = sum(g.tensors[t].size for t in sg.output_tensors if t in g.tensors)
-            cycles += self.host.fp32_boundary_cycles(floats_in, floats_out)
-        return cycles / self.clock_hz
+        if split:
+            return cycles / self.clock_hz + sum(split.values()) + self.boundary_s(c)
+        return (cycles + self.boundary_cycles(c)) / self.clock_hz
 
 
 class BoardProfiledEstimator(CostEstimator):
@@ -219,25 +265,52 @@ class BoardProfiledEstimator(CostEstimator):
         """Whether ``c`` answers a profile estimate (not yet built)."""
         if c.fingerprint in self._estimated:
             return c.fingerprint not in self._built
-        return self.why_built(c) is None
+        return self.why_built(c) is None or self._fragments(c) is not None
 
     def estimate(self, candidates: Sequence[CandidatePartition]) -> list[Cost]:
-        out: list[Cost | None] = []
+        out: dict[int, Cost] = {}
+        split: dict[int, list[CandidatePartition]] = {}  # candidate -> its single-node builds
         rest: list[int] = []
         for i, c in enumerate(candidates):
             fp = c.fingerprint
             if fp in self._estimated and fp not in self._built:
-                out.append(self._estimated[fp])
+                out[i] = self._estimated[fp]
             elif self.why_built(c) is None:
-                self._estimated[fp] = Cost(self.profiles[c.target.id].seconds(c))
-                out.append(self._estimated[fp])
+                out[i] = self._estimated[fp] = Cost(self.profiles[c.target.id].seconds(c))
+            elif (frags := self._fragments(c)) is not None:
+                split[i] = frags
             else:
-                out.append(None)
                 rest.append(i)
+        if split:
+            singles = {f.fingerprint: f for fs in split.values() for f in fs}
+            cost = dict(zip(singles, self.build(list(singles.values()))))
+            for i, fs in split.items():
+                c = candidates[i]
+                if all(cost[f.fingerprint].is_known for f in fs):
+                    p = self.profiles[c.target.id]  # a single node's own boundary left out
+                    given = {f.node_names[0]: cost[f.fingerprint].seconds - p.boundary_s(f)
+                             for f in fs}
+                    out[i] = self._estimated[c.fingerprint] = Cost(
+                        self.profiles[c.target.id].seconds(c, given))
+                else:
+                    rest.append(i)
         if rest:
-            for i, cost in zip(rest, self.build([candidates[i] for i in rest])):
-                out[i] = cost
-        return [c if c is not None else Cost.unknown() for c in out]
+            for i, got in zip(rest, self.build([candidates[i] for i in rest])):
+                out[i] = got
+        return [out.get(i, Cost.unknown()) for i in range(len(candidates))]
+
+    def _fragments(self, c: CandidatePartition) -> list[CandidatePartition] | None:
+        """The single-node candidates that price ``c``'s split-group nodes (`BoardProfile
+        .fragments`), or None when ``c`` is built."""
+        if self._is_exact(c) or c.target.id not in self.profiles:
+            return None
+        nodes = self.profiles[c.target.id].fragments(c)
+        if not nodes:
+            return None
+        by_name = {n.name: n for n in c.sub_graph.nodes}
+        g = c.sub_graph.graph
+        return [CandidatePartition(SubGraph(g, 1 << by_name[n].index), c.target)
+                for n in nodes]
 
     def build(self, candidates: Sequence[CandidatePartition]) -> list[Cost]:
         """``candidates``' exact figures (built now, or the table's); from now on they answer

@@ -4,10 +4,12 @@ Real Vela compiles and host conversions in local isolated workers (the ``local``
 the built-in ethos-u55-128 board, on a five-node model that the board splits between the host
 (an embedding Gather and a LayerNorm, float32) and the NPU (MatMul, Relu, MatMul): the profile
 estimate of each of Vela's own partitions equals its build exactly; a candidate that splits a
-fused operator, or holds a node its target's profile does not account for, is built, never
-estimated; a profile campaign writes exact figures only (each plan partition's figure is its
-isolated build's, read from an exhaustive campaign's table), agrees with the exhaustive
-campaign, and an offline campaign on its table writes the same plan and builds nothing.
+fused operator by two or more nodes, or holds a node its target's profile does not account
+for, is
+built, never estimated (a node split alone from its fused group is priced by its own
+single-node build); a profile campaign writes exact figures only (each plan partition's
+figure is its isolated build's, read from an exhaustive campaign's table), agrees with the
+exhaustive campaign, and an offline campaign on its table writes the same plan and builds nothing.
 """
 
 from __future__ import annotations
@@ -109,21 +111,30 @@ def test_a_split_or_unaccounted_candidate_is_built_not_estimated(campaigns: dict
         return CandidatePartition(SubGraph(graph, sum(1 << idx[n] for n in names)),
                                   by_id[target])
     try:
-        split = cand(["fc1"], BOARD)  # its Relu is fused into the FULLY_CONNECTED
+        split = cand(["fc1"], "cortex-m55")  # the host fuses its Relu into the FULLY_CONNECTED
         assert "fused" in str(est.why_built(split))
         gather = cand(["embed"], BOARD)  # the NPU profile has no Gather
         assert "no profile build" in str(est.why_built(gather))
         whole_fc = cand(["fc1", "relu"], BOARD)
         assert est.why_built(whole_fc) is None and est.provisional(whole_fc)
-        costs = est.estimate([split, gather, whole_fc])
-        # the two answer their builds (the exhaustive campaign's table built every candidate)
-        rows = {r.fingerprint: r for r in
+        # on the NPU, a Relu without its MatMul is priced by its own single-node build
+        relu_fc2 = cand(["relu", "fc2"], BOARD)
+        assert "fused" in str(est.why_built(relu_fc2)) and est.provisional(relu_fc2)
+        costs = est.estimate([split, gather, whole_fc, relu_fc2])
+        # the first two answer their builds (the exhaustive campaign's table built every
+        # candidate in isolation)
+        rows = {(r.fingerprint, r.target): r for r in
                 CostTable(campaigns["tmp"] / "exhaustive" / "costs").rows()}
-        assert costs[0].seconds == rows[split.fingerprint].median
+        assert costs[0].seconds == rows[split.fingerprint, "cortex-m55"].median
         assert est.is_confirmed(split) and not est.provisional(split)
-        assert est.is_confirmed(gather) and "Gather" in str(est.why_invalid(gather))
         assert not costs[1].is_known  # Vela refuses a Gather: invalid exactly as when built
+        assert est.is_confirmed(gather) and "Gather" in str(est.why_invalid(gather))
         assert costs[2].is_known and not est.is_confirmed(whole_fc)
+        relu = cand(["relu"], BOARD)
+        assert est.is_confirmed(relu) and not est.is_confirmed(relu_fc2)  # built: the Relu
+        fc2 = est.profiles[BOARD].seconds(cand(["fc2"], BOARD))
+        assert costs[3].seconds == pytest.approx(est.exact.estimate([relu])[0].seconds + fc2,
+                                                 rel=1e-12)
         (exact,) = est.build([whole_fc])  # built now: answers its exact figure from now on
         assert est.estimate([whole_fc]) == [exact] and not est.provisional(whole_fc)
     finally:
@@ -172,11 +183,19 @@ def test_profile_groups_operators_that_share_a_node_and_drops_passthrough() -> N
         {"nodes": ["fc2"], "cycles": 100, "target": "cpu"},  # Vela left it to the CPU
     ]})
     p = BoardProfile.of(BOARD, [build])
-    c = CandidatePartition(SubGraph(graph, (1 << idx["fc1"]) | (1 << idx["relu"])),
-                           by_id[BOARD])
-    assert p.why_not(c) is None and p.seconds(c) == 300 / 500e6
-    fc2 = CandidatePartition(SubGraph(graph, 1 << idx["fc2"]), by_id[BOARD])
-    assert "CPU" in str(p.why_not(fc2))
+
+    def cand(names: list[str]) -> CandidatePartition:
+        return CandidatePartition(SubGraph(graph, sum(1 << idx[n] for n in names)),
+                                  by_id[BOARD])
+    assert p.why_not(cand(["fc1", "relu"])) is None
+    assert p.seconds(cand(["fc1", "relu"])) == 300 / 500e6
+    assert "CPU" in str(p.why_not(cand(["fc2"])))
+    # one group of three: a node split alone is priced by its own build, two are built
+    three = BoardProfile.of(BOARD, [ProfileBuild(("norm", "fc1", "relu"), {
+        "clock_hz": 500e6, "ops": [{"nodes": ["norm", "fc1", "relu"], "cycles": 900}]})])
+    assert three.fragments(cand(["relu"])) == ["relu"]
+    assert three.fragments(cand(["fc1", "relu"])) is None
+    assert three.seconds(cand(["relu"]), {"relu": 1e-6}) == 1e-6
 
 
 def test_a_repeated_layers_row_is_read_with_its_own_node_names() -> None:
