@@ -309,8 +309,11 @@ class BoardProfiledEstimator(CostEstimator):
             return None
         by_name = {n.name: n for n in c.sub_graph.nodes}
         g = c.sub_graph.graph
-        return [CandidatePartition(SubGraph(g, 1 << by_name[n].index), c.target)
-                for n in nodes]
+        singles = [CandidatePartition(SubGraph(g, 1 << by_name[n].index), c.target)
+                   for n in nodes]
+        if not self.exact.kind.measures and not all(self._is_exact(f) for f in singles):
+            return None  # offline: only single-node builds the table holds price a split
+        return singles
 
     def build(self, candidates: Sequence[CandidatePartition]) -> list[Cost]:
         """``candidates``' exact figures (built now, or the table's); from now on they answer
