@@ -12,9 +12,14 @@ With ``--plans``, (4) a Collage campaign per model on each built-in Ethos-U boar
 latencies, whether the plan is not slower, where it differs (op types moved to NPU / host, the
 Vela options of its NPU partitions), the campaign's wall time and build count, and whether a
 second campaign on a fresh cost table gives identical costs and plan (``--once`` skips it).
+With ``--measure``, (5) instead of (4): each campaign in ``profile`` mode (profile builds of
+Vela's own split, estimates, exact confirmation) beside ``exhaustive`` mode (every candidate
+built): builds, wall time, the profile estimate of the first Dijkstra plan, each mode's final
+exact simulated latency, Vela whole, and whether both modes wrote the same plan.
 
     python bench/ethos_u.py [--out bench/results] [--quick] [--plans [--systems A,B]
                             [--plan-models M,N] [--once]] [--no-estimates]
+                            [--measure profile|exhaustive|both]
 
 Results go to bench/results/ethosu-<host>.md with the machine description and load average
 (other jobs may share the machine; build times are wall times).
@@ -28,6 +33,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -84,8 +90,10 @@ def _source(name: str, kw: dict[str, object], tmp: Path) -> str:
     return str(path)
 
 
-def _campaign(model: str, system: str, work: Path) -> tuple[dict, dict, dict, float]:
-    """One campaign on a built-in board: (summary, plan.json, costs by fingerprint, wall s)."""
+def _campaign(model: str, system: str, work: Path, measure: str = ""
+              ) -> tuple[dict, dict, dict, float]:
+    """One campaign on a built-in board: (summary, plan.json, costs by fingerprint, wall s);
+    ``measure``: the campaign's ``--measure`` (default: the board's default)."""
     import json
 
     from collage_farm.campaign import TuneOptions, run_tune
@@ -96,7 +104,7 @@ def _campaign(model: str, system: str, work: Path) -> tuple[dict, dict, dict, fl
     t0 = time.perf_counter()
     s = run_tune(TuneOptions(model=model, targets=tuple(cfg.selected_targets),
                              out=work / "out", estimator="local", transition=cfg.transition,
-                             report=False))
+                             report=False, measure=measure))
     wall = time.perf_counter() - t0
     plan = json.loads((work / "out" / "plan.json").read_text())
     costs = {r.fingerprint: r.median for r in CostTable(work / "out" / "costs").rows()}
@@ -170,7 +178,6 @@ def plan_row(name: str, system: str, model: str, tmp: Path, again: bool) -> str:
 def plans_section(models: dict[str, dict[str, object]], systems: list[str],
                   again: bool = True) -> list[str]:
     """Collage plan vs Vela whole per model and board (module docstring, (4))."""
-    import tempfile
 
     lines = ["", "Collage plan vs Vela whole per board (simulated: Vela cycles for the NPU, the "
              "analytic Cortex-M cycle model for the host; ms). `moved`: op types the plan puts "
@@ -182,17 +189,85 @@ def plans_section(models: dict[str, dict[str, object]], systems: list[str],
              "whole | partitions | moved from Vela's split | Vela options | builds | failed "
              "| wall (s) | again | run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    return lines + _rows(models, systems,
+                         lambda name, system, model, tmp: plan_row(name, system, model, tmp,
+                                                                   again))
+
+
+def _rows(models: dict[str, dict[str, object]], systems: list[str],
+          row: Callable[[str, str, str, Path], str]) -> list[str]:
+    """``row(name, system, model, tmp)`` per model and board, printed as they come; a failed
+    one is a FAILED row (one model's failure must not lose the table)."""
+    import tempfile
+
+    lines: list[str] = []
     for name, kw in models.items():
         with tempfile.TemporaryDirectory() as tmp:
             model = _source(name, kw, Path(tmp))
             for system in systems:
                 try:
-                    lines.append(plan_row(name, system, model, Path(tmp), again))
-                except Exception as e:  # one model's failure must not lose the table
+                    lines.append(row(name, system, model, Path(tmp)))
+                except Exception as e:
                     lines.append(f"| {system} | {name} | FAILED: {type(e).__name__}: "
                                  f"{str(e)[:120]} |")
                 print(lines[-1], flush=True)
     return lines
+
+
+#: the columns of (5), and what they mean
+PROFILE_COLUMNS = ("board", "model", "profile builds", "profile wall (s)",
+                   "first estimate (ms)", "profile final (ms)", "exhaustive builds",
+                   "exhaustive wall (s)", "exhaustive final (ms)", "Vela whole (ms)",
+                   "<= Vela whole", "plans")
+PROFILE_LEGEND = (
+    "Profile mode beside exhaustive mode (simulated figures, ms). `builds`: profile: profile "
+    "builds + exact builds (candidates a profile does not account for, and the plan's "
+    "candidates built to confirm); exhaustive: every candidate built. `first estimate`: the "
+    "profile estimate of the first Dijkstra plan (rounds of the exact confirmation, candidates "
+    "built there). `final`: the written plan's exact simulated latency (Vela cycles + host "
+    "cycle model + transitions). `<= Vela whole`: per mode run (profile first), exact "
+    "comparison. `plans`: whether both modes wrote the same partitions.")
+
+
+def _mode_cells(runs: dict[str, tuple[dict, dict, dict, float]], mode: str) -> list[str]:
+    """One measure mode's cells: builds, wall, (profile: first estimate), final."""
+    if mode not in runs:
+        return ["-"] * (4 if mode == "profile" else 3)
+    s, wall = runs[mode][0], runs[mode][3]
+    final = f"{s['estimated_total_s'] * 1e3:.4f}"
+    if mode != "profile":
+        return [str(s["measured"]), f"{wall:.1f}", final]
+    conf = s.get("confirm") or {}
+    return [f"{s['profiled']} + {s['measured']}", f"{wall:.1f}",
+            f"{s['first_search_estimated_s'] * 1e3:.4f} ({conf.get('rounds')} rounds, "
+            f"{conf.get('built')} built)", final]
+
+
+def profile_row(name: str, system: str, model: str, tmp: Path, measures: list[str]) -> str:
+    """Profile mode beside exhaustive mode on one board and model (module docstring, (5))."""
+    runs = {m: _campaign(model, system, tmp / system / m, measure=m) for m in measures}
+    s = next(iter(runs.values()))[0]
+    vw = s.get("vela_whole_estimated_s")
+    same = "-"
+    if len(runs) == 2:
+        p, e = (tuple((q["target"], tuple(q["nodes"])) for q in runs[m][1]["partitions"])
+                for m in ("profile", "exhaustive"))
+        same = "identical" if p == e else "DIFFERENT"
+    never = " ".join("yes" if r[0]["estimated_total_s"] <= (vw or 0) else "NO"
+                     for r in runs.values())
+    cells = [system, name, *_mode_cells(runs, "profile"), *_mode_cells(runs, "exhaustive"),
+             f"{vw * 1e3:.4f}" if vw else "-", never, same]
+    return "| " + " | ".join(cells) + " |"
+
+
+def profile_section(models: dict[str, dict[str, object]], systems: list[str],
+                    measures: list[str]) -> list[str]:
+    """Profile mode beside exhaustive mode per model and board (module docstring, (5))."""
+    lines = ["", PROFILE_LEGEND, "", "| " + " | ".join(PROFILE_COLUMNS) + " |",
+             "|" + "---|" * len(PROFILE_COLUMNS)]
+    return lines + _rows(models, systems,
+                         lambda name, system, model, tmp: profile_row(name, system, model, tmp,
+                                                                      measures))
 
 
 def main() -> None:
@@ -208,17 +283,25 @@ def main() -> None:
                     help="skip the whole-model estimates per accelerator and the coverage")
     ap.add_argument("--once", action="store_true",
                     help="--plans: one campaign per model and board (no determinism re-run)")
+    ap.add_argument("--measure", choices=["profile", "exhaustive", "both"], default=None,
+                    help="profile mode beside exhaustive mode on --systems x --plan-models "
+                    "(instead of --plans; results in ethosu-profile-<host>.md)")
     args = ap.parse_args()
     lines = ["# Simulated Ethos-U (Vela) estimates, whole zoo models", "", *machine()]
     if not args.no_estimates:
         lines += estimates_section(args.quick)
-    if args.plans:
+    if args.measure:
+        measures = ["profile", "exhaustive"] if args.measure == "both" else [args.measure]
+        lines += profile_section({m: PLAN_MODELS[m] for m in args.plan_models.split(",")},
+                                 args.systems.split(","), measures)
+    elif args.plans:
         lines += plans_section({m: PLAN_MODELS[m] for m in args.plan_models.split(",")},
                                args.systems.split(","), again=not args.once)
     lines += ["", "- load average at end (1/5/15 min): "
               + " / ".join(f"{x:.2f}" for x in os.getloadavg())]
     args.out.mkdir(parents=True, exist_ok=True)
-    kind = "ethosu-plans" if args.no_estimates else "ethosu"
+    kind = ("ethosu-profile" if args.measure else
+            "ethosu-plans" if args.no_estimates else "ethosu")
     path = args.out / f"{kind}-{socket.gethostname()}.md"
     path.write_text("\n".join(lines) + "\n")
     print(f"wrote {path}")

@@ -69,7 +69,9 @@ class MeasureStrategy(str, enum.Enum):
     """How a campaign gets its candidates' costs (``tune --measure``).
 
     ``PROFILE``: each target's in-network operator profile (this module), isolated
-    measurement only for the uncertain candidates on the best plans and the confirmation step.
+    measurement only for the uncertain candidates on the best plans and the confirmation step;
+    on a simulated Ethos-U board, profile builds of Vela's own split and exact builds of the
+    chosen path (`estimators.board_profiled`).
     ``EXHAUSTIVE``: every candidate the search asks for measured in isolation.
     """
 

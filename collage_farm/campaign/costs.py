@@ -16,6 +16,7 @@ from collage_farm.core.transition import AnalyticTransitionModel, TransitionMode
 from collage_farm.costtable import CostTable, CostTableWriter, TableStore, check_writable
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.farm import Farm
+from collage_farm.postsearch.vela_whole import ethos_u_board
 from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.profiles import collect_profiles, table_has_profiles
 from collage_farm.probes.transitions import measured_transition_model
@@ -50,14 +51,18 @@ def build_specs(targets: Sequence[Target], options: RuleOptions) -> list[Partiti
 
 def measure_strategy(opts: TuneOptions, graph: DataflowGraph) -> MeasureStrategy:
     """How this campaign's candidates get costs: ``opts.measure`` when given; else ``profile``
-    for a farm campaign, and for an offline one whose table holds this model's profile rows
-    (so it prices as the campaign that wrote them did); else ``exhaustive`` (an offline table
-    of isolated measurements; only simulated targets (Ethos-U boards), which have no
-    profiler; mock costs)."""
+    for a farm campaign, for an offline one whose table holds this model's profile rows
+    (so it prices as the campaign that wrote them did), and for any campaign on a simulated
+    Ethos-U board that reads a cost table (profile builds of Vela's own split, estimates
+    confirmed by exact builds: `estimators.board_profiled`; offline, the table's builds answer
+    exactly, so it searches the costs the measuring campaign's last search did); else
+    ``exhaustive`` (an offline table of isolated measurements; other simulated-only target
+    sets; mock costs)."""
     if opts.measure:
         return MeasureStrategy.parse(opts.measure)
     if all(t.toolchain in SIMULATED_TOOLCHAINS for t in opts.targets):
-        return MeasureStrategy.EXHAUSTIVE  # nothing to profile: simulated figures are exact
+        board = ethos_u_board(opts.targets) is not None and opts.estimator is not CostSource.MOCK
+        return MeasureStrategy.PROFILE if board else MeasureStrategy.EXHAUSTIVE
     if opts.estimator is CostSource.FARM:
         return MeasureStrategy.PROFILE
     table = campaign_table(opts)

@@ -32,7 +32,12 @@ trusted, said in one warning line), answers every candidate from those profiles
 measured cut costs), so neither the search nor the confirmation step measures a candidate in
 isolation; ``screen_rounds`` > 0 measures the uncertain candidates on the best plans
 (`collage_farm.postsearch.screen`). A target without a usable profile falls back to isolated
-measurement, with one warning line in the summary. ``exhaustive`` (the default) measures every
+measurement, with one warning line in the summary. On a simulated Ethos-U board ``profile``
+builds Vela's own split once per target instead (`collage_farm.probes.board_profiles`),
+prices candidates by their operators' cycles there (`estimators.board_profiled`), and after
+the search builds the chosen path's candidates and searches again until the path is made of
+exact builds (`collage_farm.postsearch.exact_confirm`), so the plan's figures and the exact
+comparison with Vela whole are never estimates. ``exhaustive`` measures every
 candidate the search asks for in isolation (the behaviour before profiles). Profile mode
 applies to the estimator the campaign builds; a caller's own estimator is used as is.
 
@@ -92,12 +97,19 @@ from collage_farm.execute import CALIBRATION_KEY
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, post_search
 from collage_farm.postsearch.ethos_parts import with_ethos_figures
+from collage_farm.postsearch.exact_confirm import confirm_exact
 from collage_farm.postsearch.screen import screen
-from collage_farm.postsearch.vela_whole import baseline_candidates
+from collage_farm.postsearch.vela_whole import (
+    baseline_candidates,
+    ethos_u_board,
+    profile_candidates,
+)
+from collage_farm.probes.board_profiles import board_profiled
 from collage_farm.report import write_report
 from collage_farm.report.summary import story_keys
 from collage_farm.zoo.source import load_source
 from estimators.base import CostEstimator
+from estimators.board_profiled import BoardProfiledEstimator
 from estimators.int8_ranges import int8_calibration
 from estimators.profiled import (
     MeasureStrategy,
@@ -174,7 +186,10 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                                                   measure=est.kind.measures, writer=writer,
                                                   wholes=profile_mode)
         profile_info: dict | None = None
-        if profile_mode:
+        if profile_mode and ethos_u_board(opts.targets) is not None:  # simulated board
+            est, profile_info = board_profiled(graph, profile_candidates(graph, opts.targets),
+                                               est, table)
+        elif profile_mode:
             est, profile_info = profiled_estimator(opts, graph, est, cut_info)
         lazy = bool(opts.prune and est.has_lower_bound)
         try:
@@ -188,7 +203,10 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         first_estimate_s, first_search_s = result.total_s, result.search_s
         measured = est.kind.measures  # costs measured on runners, not mock/table/analytic
         confirm_info: dict | None = None
-        if measured and opts.confirm_rounds > 0:
+        if isinstance(est, BoardProfiledEstimator):  # the path's figures: exact builds only
+            result, confirm_info = confirm_exact(graph, candidates, est, transition, result,
+                                                 lazy=lazy)
+        elif measured and opts.confirm_rounds > 0:
             confirm_info = already_decided(graph, opts, table, result)
             if confirm_info is None:
                 result, confirm_info = confirm(graph, candidates, est, transition, result,

@@ -89,8 +89,11 @@ def _add_cost_args(p: argparse.ArgumentParser) -> None:
                    "only rows taken in this mode)")
     p.add_argument("--measure", choices=[m.value for m in MeasureStrategy], default="",
                    help="how candidates get costs (default: profile for a campaign that "
-                   "measures; with --offline, profile where the table holds this model's "
-                   "profile rows, else exhaustive): exhaustive (every candidate the "
+                   "measures and on a simulated Ethos-U board, --offline too; with --offline "
+                   "elsewhere, profile where the table holds this model's profile rows, else "
+                   "exhaustive; on a board, profile builds Vela's own split once per target, "
+                   "prices candidates by its per-operator cycles and builds the chosen path "
+                   "exactly): exhaustive (every candidate the "
                    "search asks for measured in isolation) or profile (each "
                    "target's whole model profiled per operator in network, or by prefix "
                    "differences where its profiler is not trusted; candidates cost their "
@@ -260,7 +263,14 @@ def print_summary(s: dict[str, Any]) -> None:
     for line in story_text(s):
         print(line)
     by = s.get("failed_by_status") or {}
-    if s.get("measure") == "profile":
+    if s.get("measure") == "profile" and (s.get("profile") or {}).get("board"):
+        conf = s.get("confirm") or {}
+        print(f"costs from profile builds: {plural(int(s.get('profiled', 0)), 'build')} of "
+              f"Vela's own split now, {plural(int(conf.get('estimated', 0)), 'candidate')} "
+              "priced by per-operator estimate only; the plan's figures are exact builds "
+              f"({plural(int(conf.get('built', 0)), 'candidate')} built to confirm it), "
+              "simulated (Vela cycles, Cortex-M cycle model), not measured")
+    elif s.get("measure") == "profile":
         scr = s.get("screen") or {}
         screened = (f"{plural(int(scr.get('measured', 0)), 'uncertain candidate')} on "
                     f"{plural(int(scr.get('plans', 0)), 'best plan')} measured in isolation"

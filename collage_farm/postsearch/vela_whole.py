@@ -42,8 +42,8 @@ from collage_farm.execute.builder import Part
 from runners.cortex_m import joint_groups
 from runners.registry import capabilities_for_target
 
-__all__ = ["Board", "baseline_candidates", "ethos_u_board", "exact_never_worse", "vela_whole",
-           "vela_whole_parts"]
+__all__ = ["Board", "baseline_candidates", "ethos_u_board", "exact_never_worse",
+           "profile_candidates", "vela_whole", "vela_whole_parts"]
 
 RULE = "vela-whole"
 FIGURES = ("simulated: Vela's cycle estimate for the NPU and the analytic cycle model of the "
@@ -126,6 +126,26 @@ def baseline_candidates(graph: DataflowGraph, targets: Sequence[Target]
         return _candidates(graph, vela_whole_parts(graph, board))
     except ValueError:
         return []
+
+
+def profile_candidates(graph: DataflowGraph, targets: Sequence[Target]
+                       ) -> list[CandidatePartition]:
+    """The profile builds of a board's ``profile`` mode (`estimators.board_profiled`):
+    Vela's split's NPU partitions on each NPU target (variants included), every partition of
+    the split on each host target; none when ``targets`` are no board or the split fails."""
+    board = ethos_u_board(targets)
+    if board is None:
+        return []
+    try:
+        parts = vela_whole_parts(graph, board)
+    except ValueError:
+        return []
+    out: list[CandidatePartition] = []
+    for t in targets:
+        for p in parts:
+            if t.toolchain == "cortex-m" or (t.toolchain == "vela" and p.target == board.npu):
+                out.append(CandidatePartition(SubGraph(graph, p.mask), t, rule=RULE))
+    return out
 
 
 def vela_whole(graph: DataflowGraph, board: Board, est: CostEstimator,

@@ -10,8 +10,9 @@ kind ``profiled`` in the cost table, fingerprint ``profile:<whole-model structur
 machine reads the row back instead of profiling again (so a re-run profiles nothing and
 searches the same costs); an offline campaign reads it under its strictness.
 
-Simulated toolchains (Vela) are not profiled: their isolated costs are deterministic
-simulations, cheap, and their per-operator cycles are already in each row.
+Simulated toolchains (Vela, the Cortex-M cycle model) are not profiled here: their figures
+are deterministic and their per-operator cycles are already in each row; an Ethos-U board's
+profile is a few ordinary builds of Vela's own split (`collage_farm.probes.board_profiles`).
 """
 
 from __future__ import annotations
