@@ -79,6 +79,7 @@ from collage_farm.campaign.options import (
 )
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
+from collage_farm.core.phases import PhaseClock
 from collage_farm.core.pins import filter_candidates
 from collage_farm.core.plan import Plan, PlanError, make_plan, write_plan
 from collage_farm.core.rules import all_candidates
@@ -138,6 +139,7 @@ def _check_out(out: Path) -> None:
 def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     """Run phases 1-4; write the plan to ``opts.out``; return the summary."""
     t_start = time.perf_counter()
+    clock = PhaseClock()  # the summary's phases_s: wall seconds per phase, adding up to wall_s
     campaign_id = opts.campaign_id or uuid.uuid4().hex[:12]
     opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
@@ -145,6 +147,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     calibration = int8_calibration(graph, opts.targets, opts.calibration)
     opts = dataclasses.replace(opts, calibration=calibration)
     t_loaded = time.perf_counter()
+    clock.lap("load")
 
     specs = build_specs(opts.targets, opts.rule_options)
     candidates = all_candidates(graph, specs)
@@ -155,14 +158,17 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         candidates = filter_candidates(candidates, opts.pins)
     t_cands = time.perf_counter()
     fingerprints = {c.fingerprint for c in candidates}
+    clock.lap("candidates")
 
     own = estimator is None
     table = campaign_table(opts)
     # a farm campaign's one writer on its cost table: candidates, transitions and cut costs
     est, writer = make_estimator(opts, graph) if estimator is None else (estimator, None)
     post: PostSearch | None = None
+    clock.lap("farm_start")  # the estimator: Ray up (farm campaigns), the table opened
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
+        clock.lap("transitions")
         cut_info: dict | None = None
         # profile mode wraps the estimator the campaign built; a caller's own is used as is
         profile_mode = (own and est.kind.reads_table
@@ -173,18 +179,22 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                                                   table, campaign_id,
                                                   measure=est.kind.measures, writer=writer,
                                                   wholes=profile_mode)
+        clock.lap("cut_costs")
         profile_info: dict | None = None
         if profile_mode:
             est, profile_info = profiled_estimator(opts, graph, est, cut_info)
+        clock.lap("profiles")
         lazy = bool(opts.prune and est.has_lower_bound)
         try:
             result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
         except NoCoverError as e:
             raise _with_reasons(e, candidates, est) from None
+        clock.lap("search")
         screen_info: dict | None = None
         if isinstance(est, ProfiledEstimator):
             result, screen_info = screen(graph, candidates, est, transition, result,
                                          rounds=opts.screen_rounds, lazy=lazy)
+        clock.lap("screen")
         first_estimate_s, first_search_s = result.total_s, result.search_s
         measured = est.kind.measures  # costs measured on runners, not mock/table/analytic
         confirm_info: dict | None = None
@@ -194,19 +204,24 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                 result, confirm_info = confirm(graph, candidates, est, transition, result,
                                                opts.targets, rounds=opts.confirm_rounds,
                                                lazy=lazy)
+        clock.lap("confirm")
         if measured and (opts.verify or opts.refine_trials > 0):
             post = post_search(post_search_options(opts), graph, result, est, transition)
+            clock.lap("post_search")
+            clock.add(post.phases_s, into="post_search")  # refine, never_worse, ...
             if writer is not None:  # offline reuse of this table writes the same plan
                 record_decision(writer, graph, opts, result, post)
         decision: PlanDecision | None = None
         searched = result  # the Dijkstra plan, before a recorded decision replaces it
         if est.kind is EstimatorKind.TABLE:
             result, decision = reuse_decision(graph, opts, table, est, transition, result)
+        clock.lap("decision")
     finally:
         stats = est.stats()
         slots = farm_slots(est)
         if own:
             est.close()  # closes the writer it opened
+        clock.lap("close")  # the table written out, Ray shut down
     dijkstra = searched
     if post is not None:
         result = post.result
@@ -231,6 +246,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                               _row_details(table, plan, opts.targets))  # Ethos-U boards
     write_plan(plan, graph, result, opts.out)
     t_end = time.perf_counter()
+    clock.lap("plan")
 
     per_target: dict[str, int] = {}
     for p in plan.partitions:
@@ -305,7 +321,10 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         except Exception as e:  # a drawing problem must not lose the plan
             log.warning("report not written: %s: %s", type(e).__name__, e)
             summary["report_error"] = f"{type(e).__name__}: {e}"
+    clock.lap("report")
     summary["wall_s"] = time.perf_counter() - t_start
+    # wall seconds per phase (`PhaseClock`): they add up to wall_s, less this line's time
+    summary["phases_s"] = {k: v for k, v in clock.phases.items() if v > 0.0005}
     return summary
 
 

@@ -15,9 +15,10 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.phases import PhaseClock
 from collage_farm.core.pins import PinSet
 from collage_farm.core.search import SearchResult
 from collage_farm.core.target import Target
@@ -61,6 +62,9 @@ class PostSearch:
     info: dict  # summary keys (plan_measured_s, best_single_target, ...)
     measured: dict  # for the report (`report.write_report`'s ``measured``)
     elapsed_s: float
+    #: wall seconds of each step (refine, never_worse, drift, partition_timing); they add up
+    #: to ``elapsed_s``
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 class Kept(enum.Enum):
@@ -86,10 +90,12 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     (`collage_farm.postsearch.vela_whole.exact_never_worse`).
     """
     t0 = time.perf_counter()
+    clock = PhaseClock()
     board = ethos_u_board(opts.targets)
     if board is not None and opts.verify:  # simulated board: exact, against Vela whole
         out, info = exact_never_worse(graph, board, result, est, transition)
-        return PostSearch(out, info, {}, time.perf_counter() - t0)
+        clock.lap("never_worse")
+        return PostSearch(out, info, {}, time.perf_counter() - t0, dict(clock.phases))
     builder = PlanBuilder(graph, threads=1)
     start = parts_of(result)
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
@@ -100,11 +106,13 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     if ref.changed:
         refined_result = to_search_result(graph, ref.parts, result, estimate=est.estimate,
                                           transition=transition)
+    clock.lap("refine")
     info: dict = {"refine": ref.to_json()}
     skipped = _not_verified(opts, refined_result)
     if skipped:
         info.update(skipped)
-        return PostSearch(refined_result, info, {}, time.perf_counter() - t0)
+        return PostSearch(refined_result, info, {}, time.perf_counter() - t0,
+                          dict(clock.phases))
 
     plans = {"dijkstra": start}
     if ref.changed:
@@ -141,9 +149,12 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
                                       estimate=est.estimate, transition=transition,
                                       rule="best-single")
     info.update(_plan_figures(v, result, out_result, mix, kept, note))
+    clock.lap("never_worse")
     info.update(_drift_diagnostics(graph, result, v, opts.targets, est, transition))
+    clock.lap("drift")
     measured = _for_report(info, builder, out_result, opts.report)
-    return PostSearch(out_result, info, measured, time.perf_counter() - t0)
+    clock.lap("partition_timing")
+    return PostSearch(out_result, info, measured, time.perf_counter() - t0, dict(clock.phases))
 
 
 def _not_verified(opts: PostSearchOptions, plan: SearchResult) -> dict:
