@@ -91,7 +91,7 @@ from collage_farm.costtable.decisions import (
 )
 from collage_farm.execute import CALIBRATION_KEY
 from collage_farm.postsearch.confirm import confirm
-from collage_farm.postsearch.decide import PostSearch, post_search
+from collage_farm.postsearch.decide import PostSearch, for_profile_mode, post_search
 from collage_farm.postsearch.ethos_parts import with_ethos_figures
 from collage_farm.postsearch.screen import screen
 from collage_farm.postsearch.vela_whole import baseline_candidates
@@ -206,7 +206,10 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                                                lazy=lazy)
         clock.lap("confirm")
         if measured and (opts.verify or opts.refine_trials > 0):
-            post = post_search(post_search_options(opts), graph, result, est, transition)
+            pso = post_search_options(opts)
+            if isinstance(est, ProfiledEstimator):  # prices any plan without measuring
+                pso = for_profile_mode(pso)
+            post = post_search(pso, graph, result, est, transition)
             clock.lap("post_search")
             clock.add(post.phases_s, into="post_search")  # refine, never_worse, ...
             if writer is not None:  # offline reuse of this table writes the same plan

@@ -266,6 +266,37 @@ def test_an_undecided_move_gets_more_rounds_before_it_is_decided(
     assert r.trials[0].ratio < 1 - r.trials[0].threshold and r.trials[0].pairs == 18
 
 
+def test_a_move_the_estimate_rules_out_is_not_run(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``skip`` (profile mode: a move estimated far slower) keeps a move from being built or
+    timed, and it is not a trial; a move it lets through is measured as before."""
+    import collage_farm.execute as executor
+
+    calls: list[int] = []
+
+    def scripted(fns, config):
+        calls.append(config.rounds)
+        s = Summary(1e-3, 1e-3, 0, 1e-3, 1e-3, 1e-3, 10, 0.0)
+        return executor.Interleaved({"current": s, "candidate": s}, {})
+
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
+    start = alternating(mnist)
+    b = PlanBuilder(mnist)
+    seen: list[int] = []
+
+    def never(cur, move) -> str:
+        seen.append(len(move))
+        return "estimated +40% slower"
+
+    r = refine(mnist, start, [ORT, OV], trials=2, time_budget_s=60, config=FAST, builder=b,
+               skip=never)
+    assert not r.trials and not calls and r.skipped_by_estimate == len(seen) > 0
+    assert r.to_json()["skipped_by_estimate"] == r.skipped_by_estimate
+    r = refine(mnist, start, [ORT, OV], trials=2, time_budget_s=60, config=FAST, builder=b,
+               skip=lambda cur, move: None)
+    assert len(r.trials) == 2 and len(calls) == 2 and r.skipped_by_estimate == 0
+
+
 def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
                         ms: dict[str, float], pins: object) -> object:
     """`post_search` on a plan that honours ``pins``, with the interleaved timings scripted
