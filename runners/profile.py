@@ -395,12 +395,16 @@ class PrefixProfiler(Profiler):
     def _interleaved_s(self, builds: Sequence[BuildResult], config: MeasureConfig
                        ) -> list[float]:
         """Median seconds of each build, timed in ``config.rounds`` rounds that visit every
-        build once (drift hits every prefix alike, as it hits every segment's difference)."""
-        one = dataclasses.replace(config, mode="warm", rounds=1)
+        build once (drift hits every prefix alike, as it hits every segment's difference).
+        The first round warms each build up as ``config`` says; later rounds with one run
+        (the build is loaded and was run a round ago; the median of a round's runs takes the
+        rest)."""
+        first = dataclasses.replace(config, mode="warm", rounds=1)
+        later = dataclasses.replace(first, warmup_runs=min(1, first.warmup_runs))
         samples: list[list[float]] = [[] for _ in builds]
-        for _ in range(max(1, int(config.rounds))):
+        for r in range(max(1, int(config.rounds))):
             for i, b in enumerate(builds):
-                m = self.toolchain.measure(MeasureInput(b, one))
+                m = self.toolchain.measure(MeasureInput(b, first if r == 0 else later))
                 if not m.ok:
                     raise RuntimeError(f"prefix {i} does not run: {m.error[:200]}")
                 samples[i].append(m.seconds)
