@@ -37,3 +37,22 @@ def test_top_phases_largest_first() -> None:
     line = top_phases({"load": 0.3, "search": 12.25, "verify": 4.5, "tiny": 0.001}, n=2)
     assert line == "search 12.2 s, verify 4.5 s"
     assert top_phases({}) == ""
+
+
+def test_a_campaign_summary_has_its_phases(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A (mock) campaign's ``phases_s`` name its phases and add up to its wall time; the
+    printed summary says the largest in one line."""
+    import json
+
+    from collage_farm.cli import main
+
+    assert main(["tune", "zoo:mnist", "--mock", "--out", str(tmp_path / "o"), "--no-report",
+                 "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    ph = s["phases_s"]
+    assert {"load", "candidates", "search", "plan"} <= set(ph)
+    assert all(v >= 0 for v in ph.values())
+    assert sum(ph.values()) == pytest.approx(s["wall_s"], rel=0.05, abs=0.01)
+    assert main(["tune", "zoo:mnist", "--mock", "--out", str(tmp_path / "o2"),
+                 "--no-report"]) == 0
+    assert "wall by phase (largest): " in capsys.readouterr().out
