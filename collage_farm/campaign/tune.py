@@ -90,6 +90,7 @@ from collage_farm.costtable.decisions import (
     PlanDecision,
 )
 from collage_farm.execute import CALIBRATION_KEY
+from collage_farm.execute.builder import PlanBuilder
 from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, for_profile_mode, post_search
 from collage_farm.postsearch.ethos_parts import with_ethos_figures
@@ -165,6 +166,9 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     # a farm campaign's one writer on its cost table: candidates, transitions and cut costs
     est, writer = make_estimator(opts, graph) if estimator is None else (estimator, None)
     post: PostSearch | None = None
+    # one session cache for the cut-cost probe and the end-to-end runs after the search: the
+    # never-worse run's whole models are the probe's, built once
+    builder = PlanBuilder(graph, threads=1)
     clock.lap("farm_start")  # the estimator: Ray up (farm campaigns), the table opened
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
@@ -178,7 +182,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             transition, cut_info = with_cut_costs(graph, opts.targets, transition,
                                                   table, campaign_id,
                                                   measure=est.kind.measures, writer=writer,
-                                                  wholes=profile_mode)
+                                                  wholes=profile_mode, builder=builder)
         clock.lap("cut_costs")
         profile_info: dict | None = None
         if profile_mode:
@@ -209,7 +213,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             pso = post_search_options(opts)
             if isinstance(est, ProfiledEstimator):  # prices any plan without measuring
                 pso = for_profile_mode(pso)
-            post = post_search(pso, graph, result, est, transition)
+            post = post_search(pso, graph, result, est, transition, builder)
             clock.lap("post_search")
             clock.add(post.phases_s, into="post_search")  # refine, never_worse, ...
             if writer is not None:  # offline reuse of this table writes the same plan

@@ -99,7 +99,8 @@ class Kept(enum.Enum):
 
 
 def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchResult,
-                est: CostEstimator, transition: TransitionModel) -> PostSearch:
+                est: CostEstimator, transition: TransitionModel,
+                builder: PlanBuilder | None = None) -> PostSearch:
     """Refine the Dijkstra plan with measured moves, then keep it only if never worse.
 
     The Dijkstra plan, the refined plan (when a move was kept) and every searched target's
@@ -120,7 +121,7 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
         out, info = exact_never_worse(graph, board, result, est, transition)
         clock.lap("never_worse")
         return PostSearch(out, info, {}, time.perf_counter() - t0, dict(clock.phases))
-    builder = PlanBuilder(graph, threads=1)
+    builder = builder or PlanBuilder(graph, threads=1)  # the campaign's: sessions reused
     start = parts_of(result)
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
                  time_budget_s=opts.refine_time_s,
