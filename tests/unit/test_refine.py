@@ -363,3 +363,38 @@ def test_never_worse_keeps_the_plan_when_pins_allow_no_single_toolchain(
     assert set(info["singles_ineligible"]) == {"ort-cpu", "openvino-cpu"}
     assert "pins allow" in info["never_worse"]
     assert why_invalid(mnist, parts_of(out.result), pins) is None  # type: ignore[attr-defined]
+
+
+def test_profile_mode_skips_only_moves_priced_far_slower(mnist: DataflowGraph) -> None:
+    """`decide._estimated_loser` prices a move's whole plan with the profile estimator: a
+    move >15% slower is not run, one within it is, and one touching a target without a
+    profile is run (pricing it would measure)."""
+    from collage_farm.core.candidate import CandidatePartition
+    from collage_farm.core.search import PlannedPartition
+    from collage_farm.core.transition import AnalyticTransitionModel
+    from collage_farm.postsearch.decide import PROFILE_REFINE_SKIP_LOSS, _estimated_loser
+    from estimators.mock import MockEstimator
+    from estimators.profiled import ProfiledEstimator, TargetProfile
+
+    names = [n.name for n in mnist.nodes]
+
+    def prof(us: float) -> TargetProfile:
+        return TargetProfile({n: us * 1e-6 for n in names}, {n: k for k, n in enumerate(names)},
+                             dict.fromkeys(range(len(names)), 1), 1.0, us * 1e-6 * len(names))
+
+    lite = parse_targets("litert-cpu")[0]
+    est = ProfiledEstimator({"ort-cpu": prof(10.0), "openvino-cpu": prof(20.0)}, MockEstimator())
+    whole = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
+    cost = est.estimate([whole])[0]
+    result = SearchResult((PlannedPartition(whole, cost, 0.0),), cost.seconds, 1, 1, 1, 1, 0.1)
+    skip = _estimated_loser(mnist, result, est, AnalyticTransitionModel(),
+                            PROFILE_REFINE_SKIP_LOSS)
+    assert skip is not None
+    start = [Part(mnist.all_mask, ORT)]
+    why = skip(start, [Part(mnist.all_mask, OV)])  # twice as slow
+    assert why and "more than 15%" in why
+    assert skip(start, list(start)) is None  # the same plan: no loss
+    assert skip(start, [Part(mnist.all_mask, lite)]) is None  # no profile: run it
+    assert _estimated_loser(mnist, result, MockEstimator(), AnalyticTransitionModel(),
+                            PROFILE_REFINE_SKIP_LOSS) is None  # exhaustive: every move runs
+    assert _estimated_loser(mnist, result, est, AnalyticTransitionModel(), 0.0) is None
