@@ -163,17 +163,7 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
             fns[name] = ex.timed_callable(builder.feeds(ex))
         except Exception as e:
             errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
-    stop = None
-    if min_rounds > 0:
-        mixes = [k for k in fns if k not in singles]
-        eligible = [k for k in singles if k in fns and k not in ineligible]
-
-        def stop(meds: Mapping[str, Sequence[float]]) -> bool:
-            return decision_is_clear(meds, mixes, eligible, min_rounds)
-    run = None
-    if fns:  # the stop rule only when asked: callers script the two-argument form in tests
-        run = (execute.measure_interleaved_rounds(fns, config, stop) if stop is not None
-               else execute.measure_interleaved_rounds(fns, config))
+    run = _timed_run(fns, config, singles, ineligible, min_rounds) if fns else None
     done = min((len(r) for r in run.rounds.values()), default=0) if run else 0
     summaries = dict(run.summaries) if run else {}
     per_round = dict(run.rounds) if run else {}
@@ -186,6 +176,21 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
             errors[name] = errors[src]
     return VerifyResult(summaries, errors, tuple(singles), max(1, done or config.rounds),
                         checks, per_round, ineligible)
+
+
+def _timed_run(fns: Mapping[str, Callable[[], None]], config: MeasureConfig,
+               singles: Sequence[str], ineligible: Mapping[str, str], min_rounds: int
+               ) -> execute.Interleaved:
+    """The interleaved run of `verify`, stopped once `decision_is_clear` when ``min_rounds``
+    > 0 (the stop rule is passed only then: tests script the two-argument form)."""
+    if min_rounds <= 0:
+        return execute.measure_interleaved_rounds(fns, config)
+    mixes = [k for k in fns if k not in singles]
+    eligible = [k for k in singles if k in fns and k not in ineligible]
+
+    def stop(meds: Mapping[str, Sequence[float]]) -> bool:
+        return decision_is_clear(meds, mixes, eligible, min_rounds)
+    return execute.measure_interleaved_rounds(fns, config, stop)
 
 
 def should_extend(cmp: Paired, whole: bool, extend_rounds: int) -> bool:
