@@ -44,7 +44,12 @@ keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerpr
 candidates are timed in (``network``, ``warm``, ``flush``); ``measure`` is how costs were got
 (``profile`` | ``exhaustive``), ``profiled`` the profile runs sent to the farm now (beside
 ``measured``, the candidates measured in isolation), ``profile`` per target what the profiles
-were and ``warnings``, ``screen`` what the screening measured.
+were and ``warnings``, ``screen`` what the screening measured. ``phases_s`` is the wall time
+per phase (`collage_farm.core.phases.PhaseClock`: ``load``, ``candidates``, ``farm_start``,
+``transitions``, ``cut_costs``, ``profiles``, ``search``, ``screen``, ``confirm``, ``refine``,
+``never_worse``, ``drift``, ``partition_timing``, ``close``, ``plan``, ``report``...), adding
+up to ``wall_s``. A profile-mode campaign's steps after the search stop early where the
+estimator settles it (`collage_farm.postsearch.decide.for_profile_mode`).
 """
 
 from __future__ import annotations
