@@ -38,7 +38,7 @@ AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 #: how long a Ray GCS may take to answer before joining its cluster is given up (seconds)
 GCS_ANSWER_S = 10.0
-#: the niceness of an embedded Ray's workers (Ray's default is 15): the driver's own
+#: an embedded Ray's workers' niceness on top of the driver's (Ray's default adds 15)
 WORKER_NICENESS = 0
 
 
@@ -68,10 +68,12 @@ def connect(
     (``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``). Otherwise start a local Ray whose
     resources are this machine's measurement slots (`local_resources`), always a new instance
     (``address="local"``), never a stray cluster named by ``/tmp/ray/ray_current_cluster``.
-    Its workers run at this process's priority (`WORKER_NICENESS`), not Ray's default nice
-    15: runners are timing slots, and at nice 15 any background job on the host takes their
-    cores (a profile run of gpt2-2L timed out at 120 s beside nice-15 jobs). Token
-    authentication is Ray's default and is left alone.
+    Its workers run at this process's priority (Ray's ``worker_niceness`` is an increment on
+    the niceness they inherit: `WORKER_NICENESS` 0 instead of Ray's default 15), so a campaign
+    started under ``nice`` stays behind foreground work and one started without it is not
+    pushed behind background jobs: runners are timing slots, and at nice 15 any background
+    job on the host takes their cores (a profile run of gpt2-2L timed out at 120 s beside
+    nice-15 jobs). Token authentication is Ray's default and is left alone.
     """
     import ray
 
