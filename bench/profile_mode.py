@@ -93,8 +93,11 @@ def phases(label: str, mode: str, s: dict[str, Any]) -> str:
     ph = s.get("phases_s") or {}
     parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(ph.items(), key=lambda kv: -kv[1])
                       if v >= 0.05)
+    ref = s.get("refine") or {}
     return (f"  {label} {mode} phases s (measured wall): {parts}; sum {sum(ph.values()):.1f} "
-            f"of {s['campaign_s']:.1f}")
+            f"of {s['campaign_s']:.1f}; refine {ref.get('trials', 0)} trials run, "
+            f"{ref.get('skipped_by_estimate', 0)} skipped by the estimate; never-worse "
+            f"{s.get('verify_rounds')} of {s.get('verify_rounds_limit')} rounds")
 
 
 def ratios(label: str, res: dict[str, dict[str, Any]], e2e: dict[str, float]) -> str:
