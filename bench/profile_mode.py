@@ -26,6 +26,7 @@ the machine it ran on.
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import subprocess
 import tempfile
@@ -128,6 +129,8 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the plans")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--summaries", type=Path, default=None,
+                    help="write each campaign's summary as DIR/<model>-<mode>.json")
     args = ap.parse_args()
     lines = [f"# profile vs exhaustive measure mode ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"machine: {DeviceDescription.host_cpu().describe()}, {platform.platform()}; "
@@ -151,6 +154,11 @@ def main() -> None:
             res = {m: campaign(source, args.targets, m, work, args.num_cpus)
                    for m in args.modes.split(",")}
             e2e = interleaved({m: work / m for m in res}, args.rounds)
+            if args.summaries:
+                args.summaries.mkdir(parents=True, exist_ok=True)
+                for m, s in res.items():
+                    (args.summaries / f"{work.name}-{m}.json").write_text(
+                        json.dumps(s, indent=1, default=str))
             n0 = len(lines)
             for m, s in res.items():
                 lines.append(row(label, m, s, e2e[m]))
