@@ -26,6 +26,7 @@ the machine it ran on.
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import subprocess
 import tempfile
@@ -43,7 +44,11 @@ from collage_farm.execute.interleaved import measure_interleaved
 from runners.base import DeviceDescription, MeasureConfig
 
 MODELS = {"mnist": ("mnist", {}), "resnet18-64": ("resnet18", {"image_size": 64}),
-          "gpt2-2L": ("gpt2", {"layers": 2})}
+          "gpt2-2L": ("gpt2", {"layers": 2}),
+          "mobilenet_v2-96": ("mobilenet_v2", {"image_size": 96}),
+          "bert-2L": ("bert", {"layers": 2})}
+DEFAULT_MODELS = ("mnist", "resnet18-64", "gpt2-2L")
+MODES = ("exhaustive", "profile")
 
 
 def campaign(model: str, targets: str, mode: str, work: Path, num_cpus: int | None
@@ -83,6 +88,19 @@ def row(label: str, mode: str, s: dict[str, Any], e2e: float) -> str:
             f"{_pct(s.get('dijkstra_calibrated_additive_error'))} |")
 
 
+def phases(label: str, mode: str, s: dict[str, Any]) -> str:
+    """One line: the campaign's wall seconds per phase (its summary's ``phases_s``), largest
+    first, and what they add up to against the campaign's wall time."""
+    ph = s.get("phases_s") or {}
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(ph.items(), key=lambda kv: -kv[1])
+                      if v >= 0.05)
+    ref = s.get("refine") or {}
+    return (f"  {label} {mode} phases s (measured wall): {parts}; sum {sum(ph.values()):.1f} "
+            f"of {s['campaign_s']:.1f}; refine {ref.get('trials', 0)} trials run, "
+            f"{ref.get('skipped_by_estimate', 0)} skipped by the estimate; never-worse "
+            f"{s.get('verify_rounds')} of {s.get('verify_rounds_limit')} rounds")
+
+
 def ratios(label: str, res: dict[str, dict[str, Any]], e2e: dict[str, float]) -> str:
     """One line: profile mode against exhaustive mode on ``label``."""
     ex, pr = res["exhaustive"], res["profile"]
@@ -103,11 +121,16 @@ def load() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                    help=f"of {', '.join(MODELS)}, or a source such as pkg:ppocr-cls")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="measure modes to run, in order (both: ratios between them)")
     ap.add_argument("--targets", default="ort-cpu,openvino-cpu,litert-cpu")
     ap.add_argument("--num-cpus", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the plans")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--summaries", type=Path, default=None,
+                    help="write each campaign's summary as DIR/<model>-<mode>.json")
     args = ap.parse_args()
     lines = [f"# profile vs exhaustive measure mode ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"machine: {DeviceDescription.host_cpu().describe()}, {platform.platform()}; "
@@ -120,24 +143,32 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-profile") as d:
         for label in args.models.split(","):
-            name, kw = MODELS[label]
-            work = Path(d) / label
+            work = Path(d) / label.replace(":", "_")
             work.mkdir(parents=True)
             before = load()
-            onnx.save(zoo.build(name, **kw), str(work / f"{label}.onnx"))
-            res = {m: campaign(str(work / f"{label}.onnx"), args.targets, m, work,
-                               args.num_cpus)
-                   for m in ("exhaustive", "profile")}
+            source = label
+            if label in MODELS:
+                name, kw = MODELS[label]
+                source = str(work / f"{label}.onnx")
+                onnx.save(zoo.build(name, **kw), source)
+            res = {m: campaign(source, args.targets, m, work, args.num_cpus)
+                   for m in args.modes.split(",")}
             e2e = interleaved({m: work / m for m in res}, args.rounds)
+            if args.summaries:
+                args.summaries.mkdir(parents=True, exist_ok=True)
+                for m, s in res.items():
+                    (args.summaries / f"{work.name}-{m}.json").write_text(
+                        json.dumps(s, indent=1, default=str))
+            n0 = len(lines)
             for m, s in res.items():
                 lines.append(row(label, m, s, e2e[m]))
-                print(lines[-1], flush=True)
+                lines.append(phases(label, m, s))
                 for w in (s.get("profile") or {}).get("warnings", []):
                     lines.append(f"  {label} {m}: {w}")
-                    print(lines[-1], flush=True)
-            lines.append(ratios(label, res, e2e) + f"; load average before {before}, after "
-                         f"{load()}")
-            print(lines[-1], flush=True)
+            if set(MODES) <= set(res):
+                lines.append(ratios(label, res, e2e))
+            lines.append(f"  {label}: load average before {before}, after {load()}")
+            print("\n".join(lines[n0:]), flush=True)
             if args.out:  # what is done so far survives a run stopped for time
                 args.out.write_text("\n".join(lines) + "\n")
     if args.out:

@@ -53,9 +53,9 @@ from runners.base import (
 )
 
 __all__ = ["DEFAULT_TOLERANCE", "PER_KERNEL_TOLERANCE_S", "PROFILE_DETAIL", "PROFILE_PREFIX",
-           "OnnxTopology", "OperatorProfile", "PrefixProfiler", "ProfileMethod", "Profiler",
-           "attach_unassigned", "monotone_totals", "profile_config", "profile_measure",
-           "thin_cuts"]
+           "PROFILE_TIMEOUT_S", "OnnxTopology", "OperatorProfile", "PrefixProfiler",
+           "ProfileMethod", "Profiler", "attach_unassigned", "monotone_totals", "profile_config",
+           "profile_measure", "thin_cuts"]
 
 #: details key of a profile row: the `OperatorProfile` as JSON
 PROFILE_DETAIL = "profile"
@@ -172,11 +172,20 @@ class Profiler(abc.ABC):
         """The profile of ``build`` (whose source model is ``onnx_bytes``)."""
 
 
-def profile_config(rounds: int = 5, runs: int = 20, threads: int = 1) -> MeasureConfig:
+#: how long a profile request may take (seconds): a whole model timed, profiled, timed again,
+#: and where the profiler is not trusted, prefixes built and timed (a candidate's 120 s
+#: killed gpt2-2L's OpenVINO profile on a loaded 2-core host, and every candidate on that
+#: target was then measured in isolation instead)
+PROFILE_TIMEOUT_S = 900.0
+
+
+def profile_config(rounds: int = 5, runs: int = 20, threads: int = 1,
+                   timeout_s: float = PROFILE_TIMEOUT_S) -> MeasureConfig:
     """The `MeasureConfig` of a profile request: `PROFILE_MODE`; ``rounds`` rounds of the
-    unprofiled whole-model timing; ``runs`` profiled runs (``min_round_runs`` carries it)."""
+    unprofiled whole-model timing; ``runs`` profiled runs (``min_round_runs`` carries it);
+    ``timeout_s`` the worker's limit for all of it."""
     return MeasureConfig(mode=PROFILE_MODE, rounds=rounds, min_round_runs=runs,
-                         threads=threads)
+                         threads=threads, timeout_s=timeout_s)
 
 
 def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None = None
@@ -395,12 +404,16 @@ class PrefixProfiler(Profiler):
     def _interleaved_s(self, builds: Sequence[BuildResult], config: MeasureConfig
                        ) -> list[float]:
         """Median seconds of each build, timed in ``config.rounds`` rounds that visit every
-        build once (drift hits every prefix alike, as it hits every segment's difference)."""
-        one = dataclasses.replace(config, mode="warm", rounds=1)
+        build once (drift hits every prefix alike, as it hits every segment's difference).
+        The first round warms each build up as ``config`` says; later rounds with one run
+        (the build is loaded and was run a round ago; the median of a round's runs takes the
+        rest)."""
+        first = dataclasses.replace(config, mode="warm", rounds=1)
+        later = dataclasses.replace(first, warmup_runs=min(1, first.warmup_runs))
         samples: list[list[float]] = [[] for _ in builds]
-        for _ in range(max(1, int(config.rounds))):
+        for r in range(max(1, int(config.rounds))):
             for i, b in enumerate(builds):
-                m = self.toolchain.measure(MeasureInput(b, one))
+                m = self.toolchain.measure(MeasureInput(b, first if r == 0 else later))
                 if not m.ok:
                     raise RuntimeError(f"prefix {i} does not run: {m.error[:200]}")
                 samples[i].append(m.seconds)

@@ -15,6 +15,7 @@ from collage_farm.core.target import CPU0, Target
 from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel, WithCutCosts
 from collage_farm.costtable import CostTable, CostTableWriter, TableStore, check_writable
 from collage_farm.execute import SIMULATED_TOOLCHAINS
+from collage_farm.execute.builder import PlanBuilder
 from collage_farm.farm import Farm
 from collage_farm.postsearch.vela_whole import ethos_u_board
 from collage_farm.probes.cutcost import cached_cut_costs
@@ -156,19 +157,22 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
 def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
                    transition: TransitionModel, table: Path | None = None,
                    campaign_id: str = "", measure: bool = True,
-                   writer: CostTableWriter | None = None, wholes: bool = False
-                   ) -> tuple[TransitionModel, dict | None]:
+                   writer: CostTableWriter | None = None, wholes: bool = False,
+                   builder: PlanBuilder | None = None) -> tuple[TransitionModel, dict | None]:
     """``transition`` plus this model's measured cut costs (`collage_farm.probes.cutcost`) when the
     campaign mixes two or more toolchains that run here; unchanged (and why) otherwise. With a
     cost ``table``, rows of an earlier probe on this host are reused; new ones are appended to
-    ``writer``. ``wholes``: also each target's same-toolchain cut cost (profile mode)."""
+    ``writer``. ``wholes``: also each target's same-toolchain cut cost (profile mode).
+    ``builder``: the probe's sessions come from (and stay in) it, for the campaign's later
+    end-to-end runs of the same partitions and whole models."""
     live = [t for t in targets if t.toolchain not in SIMULATED_TOOLCHAINS]
     if len({t.toolchain for t in live}) < 2:
         return transition, None
     try:
         ct = CostTable(table) if table is not None and Path(table).is_dir() else None
         cc = cached_cut_costs(ct, graph, live, writer=writer, campaign_id=campaign_id,
-                              measure=measure, wholes=wholes)
+                              measure=measure, wholes=wholes,
+                              **({"builder": builder} if builder is not None else {}))
         if cc is None:  # offline, and no earlier probe of this model in the table
             return transition, None
     except Exception as e:  # a broken probe must not cost the campaign: say so, go on

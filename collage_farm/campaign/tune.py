@@ -49,7 +49,12 @@ keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerpr
 candidates are timed in (``network``, ``warm``, ``flush``); ``measure`` is how costs were got
 (``profile`` | ``exhaustive``), ``profiled`` the profile runs sent to the farm now (beside
 ``measured``, the candidates measured in isolation), ``profile`` per target what the profiles
-were and ``warnings``, ``screen`` what the screening measured.
+were and ``warnings``, ``screen`` what the screening measured. ``phases_s`` is the wall time
+per phase (`collage_farm.core.phases.PhaseClock`: ``load``, ``candidates``, ``farm_start``,
+``transitions``, ``cut_costs``, ``profiles``, ``search``, ``screen``, ``confirm``, ``refine``,
+``never_worse``, ``drift``, ``partition_timing``, ``close``, ``plan``, ``report``...), adding
+up to ``wall_s``. A profile-mode campaign's steps after the search stop early where the
+estimator settles it (`collage_farm.postsearch.decide.for_profile_mode`).
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ from collage_farm.campaign.options import (
 )
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
+from collage_farm.core.phases import PhaseClock
 from collage_farm.core.pins import filter_candidates
 from collage_farm.core.plan import Plan, PlanError, make_plan, write_plan
 from collage_farm.core.rules import all_candidates
@@ -94,8 +100,9 @@ from collage_farm.costtable.decisions import (
     PlanDecision,
 )
 from collage_farm.execute import CALIBRATION_KEY
+from collage_farm.execute.builder import PlanBuilder
 from collage_farm.postsearch.confirm import confirm
-from collage_farm.postsearch.decide import PostSearch, post_search
+from collage_farm.postsearch.decide import PostSearch, for_profile_mode, post_search
 from collage_farm.postsearch.ethos_parts import with_ethos_figures
 from collage_farm.postsearch.exact_confirm import confirm_exact
 from collage_farm.postsearch.screen import screen
@@ -150,6 +157,7 @@ def _check_out(out: Path) -> None:
 def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     """Run phases 1-4; write the plan to ``opts.out``; return the summary."""
     t_start = time.perf_counter()
+    clock = PhaseClock()  # the summary's phases_s: wall seconds per phase, adding up to wall_s
     campaign_id = opts.campaign_id or uuid.uuid4().hex[:12]
     opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
@@ -157,6 +165,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     calibration = int8_calibration(graph, opts.targets, opts.calibration)
     opts = dataclasses.replace(opts, calibration=calibration)
     t_loaded = time.perf_counter()
+    clock.lap("load")
 
     specs = build_specs(opts.targets, opts.rule_options)
     candidates = all_candidates(graph, specs)
@@ -167,14 +176,20 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         candidates = filter_candidates(candidates, opts.pins)
     t_cands = time.perf_counter()
     fingerprints = {c.fingerprint for c in candidates}
+    clock.lap("candidates")
 
     own = estimator is None
     table = campaign_table(opts)
     # a farm campaign's one writer on its cost table: candidates, transitions and cut costs
     est, writer = make_estimator(opts, graph) if estimator is None else (estimator, None)
     post: PostSearch | None = None
+    # one session cache for the cut-cost probe and the end-to-end runs after the search: the
+    # never-worse run's whole models are the probe's, built once
+    builder = PlanBuilder(graph, threads=1)
+    clock.lap("farm_start")  # the estimator: Ray up (farm campaigns), the table opened
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
+        clock.lap("transitions")
         cut_info: dict | None = None
         # profile mode wraps the estimator the campaign built; a caller's own is used as is
         profile_mode = (own and est.kind.reads_table
@@ -184,22 +199,26 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             transition, cut_info = with_cut_costs(graph, opts.targets, transition,
                                                   table, campaign_id,
                                                   measure=est.kind.measures, writer=writer,
-                                                  wholes=profile_mode)
+                                                  wholes=profile_mode, builder=builder)
+        clock.lap("cut_costs")
         profile_info: dict | None = None
         if profile_mode and ethos_u_board(opts.targets) is not None:  # simulated board
             est, profile_info = board_profiled(graph, profile_candidates(graph, opts.targets),
                                                est, table)
         elif profile_mode:
             est, profile_info = profiled_estimator(opts, graph, est, cut_info)
+        clock.lap("profiles")
         lazy = bool(opts.prune and est.has_lower_bound)
         try:
             result: SearchResult = search(graph, candidates, est, transition, lazy=lazy)
         except NoCoverError as e:
             raise _with_reasons(e, candidates, est) from None
+        clock.lap("search")
         screen_info: dict | None = None
         if isinstance(est, ProfiledEstimator):
             result, screen_info = screen(graph, candidates, est, transition, result,
                                          rounds=opts.screen_rounds, lazy=lazy)
+        clock.lap("screen")
         first_estimate_s, first_search_s = result.total_s, result.search_s
         measured = est.kind.measures  # costs measured on runners, not mock/table/analytic
         confirm_info: dict | None = None
@@ -212,19 +231,27 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                 result, confirm_info = confirm(graph, candidates, est, transition, result,
                                                opts.targets, rounds=opts.confirm_rounds,
                                                lazy=lazy)
+        clock.lap("confirm")
         if measured and (opts.verify or opts.refine_trials > 0):
-            post = post_search(post_search_options(opts), graph, result, est, transition)
+            pso = post_search_options(opts)
+            if isinstance(est, ProfiledEstimator):  # prices any plan without measuring
+                pso = for_profile_mode(pso)
+            post = post_search(pso, graph, result, est, transition, builder)
+            clock.lap("post_search")
+            clock.add(post.phases_s, into="post_search")  # refine, never_worse, ...
             if writer is not None:  # offline reuse of this table writes the same plan
                 record_decision(writer, graph, opts, result, post)
         decision: PlanDecision | None = None
         searched = result  # the Dijkstra plan, before a recorded decision replaces it
         if est.kind is EstimatorKind.TABLE:
             result, decision = reuse_decision(graph, opts, table, est, transition, result)
+        clock.lap("decision")
     finally:
         stats = est.stats()
         slots = farm_slots(est)
         if own:
             est.close()  # closes the writer it opened
+        clock.lap("close")  # the table written out, Ray shut down
     dijkstra = searched
     if post is not None:
         result = post.result
@@ -249,6 +276,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
                               _row_details(table, plan, opts.targets))  # Ethos-U boards
     write_plan(plan, graph, result, opts.out)
     t_end = time.perf_counter()
+    clock.lap("plan")
 
     per_target: dict[str, int] = {}
     for p in plan.partitions:
@@ -323,7 +351,10 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         except Exception as e:  # a drawing problem must not lose the plan
             log.warning("report not written: %s: %s", type(e).__name__, e)
             summary["report_error"] = f"{type(e).__name__}: {e}"
+    clock.lap("report")
     summary["wall_s"] = time.perf_counter() - t_start
+    # wall seconds per phase (`PhaseClock`): they add up to wall_s, less this line's time
+    summary["phases_s"] = {k: v for k, v in clock.phases.items() if v > 0.0005}
     return summary
 
 

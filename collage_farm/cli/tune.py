@@ -24,6 +24,7 @@ from collage_farm.cli.inputs import (
 from collage_farm.cli.targets import add_config_args, config_from_args, toolchain_unavailable
 from collage_farm.config import builtin_system_for
 from collage_farm.core.graph import parse_shape
+from collage_farm.core.phases import top_phases
 from collage_farm.core.pins import PinSet
 from collage_farm.core.rules import RuleOptions
 from collage_farm.core.target import (
@@ -291,6 +292,8 @@ def print_summary(s: dict[str, Any]) -> None:
     if s.get("report"):
         print(f"report: {s['report']}")
     print(f"search {s['search_s']:.2f} s, wall {s['wall_s']:.2f} s; plan in {s['plan']}")
+    if s.get("phases_s"):
+        print(f"wall by phase (largest): {top_phases(s['phases_s'])}")
 
 
 def _slots_line(slots: dict[str, Any]) -> str:

@@ -67,7 +67,9 @@ class PlanBuilder:
                               dict(part.target.options), self.threads,
                               tensor_ranges=calibrate(self.graph, data=self.calibration)
                               if int8 else None)
-            if part.target.toolchain in ("ort-cpu", "openvino"):  # bindings are independent
+            # bindings are independent: ORT and OpenVINO bind per executor, LiteRT's generic
+            # runtime sets its inputs on every run (a conversion is seconds on a transformer)
+            if part.target.toolchain in ("ort-cpu", "openvino", "litert"):
                 self._cache[key] = rt
         return rt.renamed(f"p{k:03d}", estimated_s)
 

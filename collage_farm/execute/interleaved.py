@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from runners.base import MeasureConfig, Summary
@@ -44,13 +44,16 @@ def measure_interleaved(fns: Mapping[str, Callable[[], None]], config: MeasureCo
     return measure_interleaved_rounds(fns, config).summaries
 
 
-def measure_interleaved_rounds(fns: Mapping[str, Callable[[], None]], config: MeasureConfig
-                               ) -> Interleaved:
+def measure_interleaved_rounds(fns: Mapping[str, Callable[[], None]], config: MeasureConfig,
+                               stop: Callable[[Mapping[str, Sequence[float]]], bool] | None
+                               = None) -> Interleaved:
     """`measure_interleaved`, with each callable's round medians kept in round order.
 
     An outlier round re-run at the end replaces that round's median in place, so pairing by
     round index stays (that one pair is further apart in time, which only widens the spread).
-    Nothing to time (no callables) gives an empty result.
+    Nothing to time (no callables) gives an empty result. ``stop``, when given, is asked after
+    each full round with every callable's round medians so far; True ends the run there
+    (``config.rounds`` is then the upper limit; the result has as many rounds as were run).
     """
     names = list(fns)
     if not names:
@@ -66,7 +69,10 @@ def measure_interleaved_rounds(fns: Mapping[str, Callable[[], None]], config: Me
         for n in order:
             s, _ = time_callable(fns[n], one)
             samples[n].append(s)
-    if rounds >= 2 and config.outlier_ratio > 0:
+        if stop is not None and r + 1 < rounds and stop(
+                {n: [statistics.median(x) for x in samples[n]] for n in names}):
+            break
+    if len(samples[names[0]]) >= 2 and config.outlier_ratio > 0:
         for n in names:
             meds = [statistics.median(s) for s in samples[n]]
             center = statistics.median(meds)

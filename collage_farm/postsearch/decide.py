@@ -5,19 +5,24 @@
 searched target's whole model in one interleaved run (`collage_farm.postsearch.never_worse`).
 The mix is written only if it beats the best single toolchain beyond noise
 (`collage_farm.postsearch.noise`), else that toolchain's whole model is (never worse). The
-campaign passes what these steps need of its options as a `PostSearchOptions`.
+campaign passes what these steps need of its options as a `PostSearchOptions`; a campaign
+whose estimator prices any plan without measuring (profile mode) passes `for_profile_mode`'s:
+its never-worse run stops once the decision is clear and its refinement skips moves priced far
+slower than the current plan. `PostSearch.phases_s` says where the seconds went.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.phases import PhaseClock
 from collage_farm.core.pins import PinSet
 from collage_farm.core.search import SearchResult
 from collage_farm.core.target import Target
@@ -25,16 +30,25 @@ from collage_farm.core.transition import TransitionModel
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.postsearch import never_worse
-from collage_farm.postsearch.moves import parts_of, to_search_result
+from collage_farm.postsearch.moves import parts_of, plan_signature, to_search_result
 from collage_farm.postsearch.never_worse import VerifyResult
 from collage_farm.postsearch.refine import refine
 from collage_farm.postsearch.vela_whole import ethos_u_board, exact_never_worse
 from estimators.base import CostEstimator
+from estimators.profiled import ProfiledEstimator
 from runners.base import MeasureConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PostSearch", "PostSearchOptions", "post_search"]
+__all__ = ["PROFILE_REFINE_SKIP_LOSS", "PROFILE_VERIFY_MIN_ROUNDS", "PostSearch",
+           "PostSearchOptions", "for_profile_mode", "post_search"]
+
+#: profile mode: the never-worse run may stop from this many rounds on (`for_profile_mode`)
+PROFILE_VERIFY_MIN_ROUNDS = 4
+#: profile mode: refinement does not run a move estimated this much slower than the current
+#: plan: above the profile estimate's usual additive error on whole plans (2-11% in the bench
+#: runs; the worst seen was +33%) plus the 3% noise floor, so a run would rarely keep it
+PROFILE_REFINE_SKIP_LOSS = 0.15
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,12 @@ class PostSearchOptions:
     # interleaved rounds against the best single before the decision; 0 disables
     verify_extend_rounds: int
     report: bool  # time each partition of the written plan for the report
+    # > 0: the never-worse run stops from this many rounds on once its decision is clear
+    # (`never_worse.decision_is_clear`; ``verify_rounds`` is then the upper limit); 0: all
+    verify_min_rounds: int = 0
+    # > 0, with a `ProfiledEstimator` (estimates measure nothing): a refinement move whose
+    # plan is estimated slower than the current plan by more than this share is not run
+    refine_skip_loss: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +81,17 @@ class PostSearch:
     info: dict  # summary keys (plan_measured_s, best_single_target, ...)
     measured: dict  # for the report (`report.write_report`'s ``measured``)
     elapsed_s: float
+    #: wall seconds of each step (refine, never_worse, drift, partition_timing); they add up
+    #: to ``elapsed_s``
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+
+def for_profile_mode(opts: PostSearchOptions) -> PostSearchOptions:
+    """``opts`` for a campaign whose estimator prices any plan without measuring (profile
+    mode): the never-worse run stops once its decision is clear, and refinement skips moves
+    estimated far slower than the current plan. Exhaustive campaigns keep ``opts`` as is."""
+    return dataclasses.replace(opts, verify_min_rounds=PROFILE_VERIFY_MIN_ROUNDS,
+                               refine_skip_loss=PROFILE_REFINE_SKIP_LOSS)
 
 
 class Kept(enum.Enum):
@@ -71,7 +102,8 @@ class Kept(enum.Enum):
 
 
 def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchResult,
-                est: CostEstimator, transition: TransitionModel) -> PostSearch:
+                est: CostEstimator, transition: TransitionModel,
+                builder: PlanBuilder | None = None) -> PostSearch:
     """Refine the Dijkstra plan with measured moves, then keep it only if never worse.
 
     The Dijkstra plan, the refined plan (when a move was kept) and every searched target's
@@ -86,25 +118,30 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     (`collage_farm.postsearch.vela_whole.exact_never_worse`).
     """
     t0 = time.perf_counter()
+    clock = PhaseClock()
     board = ethos_u_board(opts.targets)
     if board is not None and opts.verify:  # simulated board: exact, against Vela whole
         out, info = exact_never_worse(graph, board, result, est, transition)
-        return PostSearch(out, info, {}, time.perf_counter() - t0)
-    builder = PlanBuilder(graph, threads=1)
+        clock.lap("never_worse")
+        return PostSearch(out, info, {}, time.perf_counter() - t0, dict(clock.phases))
+    builder = builder or PlanBuilder(graph, threads=1)  # the campaign's: sessions reused
     start = parts_of(result)
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
                  time_budget_s=opts.refine_time_s,
                  config=MeasureConfig(rounds=5, min_round_s=0.02), pins=opts.pins,
-                 builder=builder, extend_rounds=opts.verify_extend_rounds)
+                 builder=builder, extend_rounds=opts.verify_extend_rounds,
+                 skip=_estimated_loser(graph, result, est, transition, opts.refine_skip_loss))
     refined_result = result
     if ref.changed:
         refined_result = to_search_result(graph, ref.parts, result, estimate=est.estimate,
                                           transition=transition)
+    clock.lap("refine")
     info: dict = {"refine": ref.to_json()}
     skipped = _not_verified(opts, refined_result)
     if skipped:
         info.update(skipped)
-        return PostSearch(refined_result, info, {}, time.perf_counter() - t0)
+        return PostSearch(refined_result, info, {}, time.perf_counter() - t0,
+                          dict(clock.phases))
 
     plans = {"dijkstra": start}
     if ref.changed:
@@ -112,7 +149,7 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     rounds = max(3, opts.verify_rounds)
     v = never_worse.verify(graph, plans, opts.targets,
                            config=MeasureConfig(rounds=rounds, min_round_s=0.05),
-                           builder=builder, pins=opts.pins)
+                           builder=builder, pins=opts.pins, min_rounds=opts.verify_min_rounds)
     med = v.median
     mix, mix_result = "dijkstra", result
     if "refined" in v.summaries and not ("dijkstra" in v.summaries
@@ -125,7 +162,8 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
         "refine_gain": (med("dijkstra") / med("refined") - 1.0
                         if ref.changed and med("refined") and med("dijkstra") else None),
         "verify_errors": dict(v.errors),
-        "verify_rounds": rounds,
+        "verify_rounds": v.rounds,  # fewer than asked when the decision was clear early
+        "verify_rounds_limit": rounds,
         "singles_ineligible": dict(v.ineligible),
         # each plan's and whole model's round medians in this run, in round order: the
         # written plan is compared with each of them round by round (`noise.paired`)
@@ -141,9 +179,41 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
                                       estimate=est.estimate, transition=transition,
                                       rule="best-single")
     info.update(_plan_figures(v, result, out_result, mix, kept, note))
+    clock.lap("never_worse")
     info.update(_drift_diagnostics(graph, result, v, opts.targets, est, transition))
+    clock.lap("drift")
     measured = _for_report(info, builder, out_result, opts.report)
-    return PostSearch(out_result, info, measured, time.perf_counter() - t0)
+    clock.lap("partition_timing")
+    return PostSearch(out_result, info, measured, time.perf_counter() - t0, dict(clock.phases))
+
+
+def _estimated_loser(graph: DataflowGraph, result: SearchResult, est: CostEstimator,
+                     transition: TransitionModel, loss: float
+                     ) -> Callable[[Sequence[Part], Sequence[Part]], str | None] | None:
+    """`refine`'s ``skip``: a move estimated more than ``loss`` slower than the current plan,
+    priced by a `ProfiledEstimator` (the shares it was searched with; a move touching a
+    target without a profile is run, never priced: that would measure). None when ``loss``
+    is 0 or the estimator is not one."""
+    if loss <= 0 or not isinstance(est, ProfiledEstimator):
+        return None
+    known: dict[frozenset, float] = {}
+
+    def plan_s(parts: Sequence[Part]) -> float:
+        sig = plan_signature(parts)
+        if sig not in known:
+            known[sig] = to_search_result(graph, list(parts), result, estimate=est.estimate,
+                                          transition=transition).total_s
+        return known[sig]
+
+    def skip(cur: Sequence[Part], move: Sequence[Part]) -> str | None:
+        if any(p.target.id not in est.profiles for p in move):
+            return None
+        a, b = plan_s(cur), plan_s(move)
+        if math.isfinite(a) and math.isfinite(b) and a > 0 and b > a * (1.0 + loss):
+            return (f"profile estimate {b * 1e3:.4f} ms is {b / a - 1:+.0%} against the "
+                    f"current plan's {a * 1e3:.4f} ms (more than {loss:.0%})")
+        return None
+    return skip
 
 
 def _not_verified(opts: PostSearchOptions, plan: SearchResult) -> dict:

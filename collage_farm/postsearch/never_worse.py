@@ -6,6 +6,12 @@ in one run (A B C, B C A, ...), so each plan can be compared with each whole mod
 round (`collage_farm.postsearch.noise.paired`). The caller keeps a mix only when it beats the
 best single toolchain beyond noise.
 
+The run stops before its last round once the decision is clear (`decision_is_clear`, from
+``min_rounds`` rounds on): every plan either cannot beat the best single toolchain beyond the
+noise floor (the 95% interval of its per-round ratio lies above ``1 - NOISE_FLOOR``) or beats
+it with the whole interval below 1, and the best single is told apart from each other single
+(interval below 1) or the same as it within the floor. ``rounds`` stays the upper limit.
+
 A mix that looks faster than the noise floor but not beyond one run's noise is worth more
 evidence (`should_extend`): `extend` times more rounds of just the mix and the best single
 and pools the pairs of both runs. A mix that wins must win again in a `second_run`: on a
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 # the module, not its function: measure_interleaved_rounds is looked up at call time, so tests
 # can script the timings
@@ -29,7 +37,8 @@ from collage_farm.postsearch.moves import order_parts, plan_signature
 from collage_farm.postsearch.noise import NOISE_FLOOR, Paired, paired
 from runners.base import MeasureConfig, Summary
 
-__all__ = ["VerifyResult", "extend", "mix_run", "second_run", "should_extend", "verify"]
+__all__ = ["VerifyResult", "decision_is_clear", "extend", "mix_run", "second_run",
+           "should_extend", "verify"]
 
 
 @dataclass(frozen=True)
@@ -69,17 +78,56 @@ class VerifyResult:
         return self.compare(a, b).threshold
 
 
+def decision_is_clear(round_medians: Mapping[str, Sequence[float]], plans: Sequence[str],
+                      singles: Sequence[str], min_rounds: int) -> bool:
+    """Whether more interleaved rounds would not change what the never-worse check keeps.
+
+    ``round_medians``: each name's round medians so far (round ``i`` of all from one turn);
+    ``plans``: the mixes; ``singles``: the whole models that may be the fallback. Clear from
+    ``min_rounds`` (at least 3) paired rounds on when the best single so far (lowest median of
+    round medians) is told apart from each other single (95% interval of the paired ratio below
+    1) or the same within the floor (interval inside ``1 -/+ NOISE_FLOOR``), and each plan
+    either cannot beat it beyond the floor (interval above ``1 - NOISE_FLOOR``) or beats it
+    beyond noise with the whole interval below 1. False while anything is open, or with no
+    single to compare with.
+    """
+    n = min((len(v) for v in round_medians.values()), default=0)
+    ok = [s for s in singles if round_medians.get(s)]
+    if n < max(3, min_rounds) or not ok:
+        return False
+
+    def cmp(a: str, b: str) -> Paired:
+        ra, rb = round_medians[a], round_medians[b]
+        return paired(Summary.of(ra, ra), Summary.of(rb, rb), ra, rb, n)
+
+    best = min(ok, key=lambda s: float(np.median(round_medians[s])))
+    for s in ok:
+        if s == best:
+            continue
+        c = cmp(best, s)
+        if not (c.high < 1.0 or (c.low > 1.0 - NOISE_FLOOR and c.high < 1.0 + NOISE_FLOOR)):
+            return False
+    for p in plans:
+        if not round_medians.get(p):
+            continue
+        c = cmp(p, best)
+        if not (c.low > 1.0 - NOISE_FLOOR or (c.a_faster and c.high < 1.0)):
+            return False
+    return True
+
+
 def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
            targets: Sequence[Target], *, config: MeasureConfig | None = None,
            threads: int = 1, builder: PlanBuilder | None = None,
-           pins: PinSet | None = None) -> VerifyResult:
+           pins: PinSet | None = None, min_rounds: int = 0) -> VerifyResult:
     """Check every plan and every target's whole model, then time them all interleaved.
 
     Plans identical to another entry are timed once (aliases share the summary). A plan or
     whole model that fails to build, run or match the reference is left out with its error.
     A whole model that ``pins`` (a `collage_farm.core.pins.PinSet`) forbid is timed but marked
     `VerifyResult.ineligible`, so it is never `best_single`: the never-worse fallback must
-    still honour the user's pins.
+    still honour the user's pins. ``min_rounds`` > 0: stop before ``config.rounds`` once
+    `decision_is_clear` (from that many rounds on); `VerifyResult.rounds` is what ran.
     """
     config = config or MeasureConfig(rounds=7, min_round_s=0.05)
     builder = builder or PlanBuilder(graph, threads=threads)
@@ -115,7 +163,8 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
             fns[name] = ex.timed_callable(builder.feeds(ex))
         except Exception as e:
             errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
-    run = execute.measure_interleaved_rounds(fns, config) if fns else None
+    run = _timed_run(fns, config, singles, ineligible, min_rounds) if fns else None
+    done = min((len(r) for r in run.rounds.values()), default=0) if run else 0
     summaries = dict(run.summaries) if run else {}
     per_round = dict(run.rounds) if run else {}
     for name, src in alias.items():
@@ -125,8 +174,23 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
             checks[name] = checks.get(src, {})
         elif src in errors:
             errors[name] = errors[src]
-    return VerifyResult(summaries, errors, tuple(singles), max(1, config.rounds), checks,
-                        per_round, ineligible)
+    return VerifyResult(summaries, errors, tuple(singles), max(1, done or config.rounds),
+                        checks, per_round, ineligible)
+
+
+def _timed_run(fns: Mapping[str, Callable[[], None]], config: MeasureConfig,
+               singles: Sequence[str], ineligible: Mapping[str, str], min_rounds: int
+               ) -> execute.Interleaved:
+    """The interleaved run of `verify`, stopped once `decision_is_clear` when ``min_rounds``
+    > 0 (the stop rule is passed only then: tests script the two-argument form)."""
+    if min_rounds <= 0:
+        return execute.measure_interleaved_rounds(fns, config)
+    mixes = [k for k in fns if k not in singles]
+    eligible = [k for k in singles if k in fns and k not in ineligible]
+
+    def stop(meds: Mapping[str, Sequence[float]]) -> bool:
+        return decision_is_clear(meds, mixes, eligible, min_rounds)
+    return execute.measure_interleaved_rounds(fns, config, stop)
 
 
 def should_extend(cmp: Paired, whole: bool, extend_rounds: int) -> bool:

@@ -13,7 +13,10 @@ one run. It is kept only when faster **beyond noise** (`collage_farm.postsearch.
 twice: in that run and in a second interleaved run (on a shared VM one run's win can be drift:
 mnist accepted a move at 0.038 -> 0.036 ms that ran 0.055 ms in the final never-worse run).
 The budget is a trial count and a wall-clock limit. Simulated partitions (Ethos-U) are left as
-they are: they have no measured latency to improve.
+they are: they have no measured latency to improve. A caller with a cheap estimate of a whole
+plan (profile mode's estimator, which measures nothing) can pass ``skip``: a move it names a
+reason for is not run (``skipped_by_estimate`` counts them, and the reasons are logged), e.g.
+one estimated far slower than the current plan, a gain no noise could turn into a win.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class RefineResult:
     invalid_skipped: int
     elapsed_s: float
     stopped_by: str  # "trials" | "time" | "exhausted" | "disabled" | "start failed: ..."
+    skipped_by_estimate: int = 0  # moves not run: ``skip`` gave a reason
 
     @property
     def changed(self) -> bool:
@@ -85,6 +89,7 @@ class RefineResult:
     def to_json(self) -> dict:
         return {"trials": len(self.trials), "accepted": self.accepted,
                 "invalid_skipped": self.invalid_skipped, "elapsed_s": self.elapsed_s,
+                "skipped_by_estimate": self.skipped_by_estimate,
                 "stopped_by": self.stopped_by, "changed": self.changed,
                 "partitions_before": len(self.start), "partitions_after": len(self.parts),
                 "log": [t.to_json() for t in self.trials]}
@@ -94,14 +99,18 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
            trials: int = 6, time_budget_s: float = 120.0, config: MeasureConfig | None = None,
            threads: int = 1, pins: PinSet | None = None, builder: PlanBuilder | None = None,
            supports: Callable[[Target, int], bool] | None = None,
-           extend_rounds: int = 0) -> RefineResult:
+           extend_rounds: int = 0,
+           skip: Callable[[Sequence[Part], Sequence[Part]], str | None] | None = None
+           ) -> RefineResult:
     """Hill-climb from ``start`` with measured end-to-end latency (see module doc).
 
     At most ``trials`` moves are run and timed (invalid moves are skipped without running and
     do not count), and no new trial starts after ``time_budget_s``. Never raises for a move
     that fails to build or run: it becomes a ``failed`` trial. A move that looks faster than
     the 3% floor but not beyond noise gets ``extend_rounds`` more rounds, pooled with the
-    first run's pairs, before it is decided (its second run is then as long).
+    first run's pairs, before it is decided (its second run is then as long). ``skip``
+    (current parts, move's parts) -> a reason not to run the move, or None; a skipped move
+    does not count as a trial.
     """
     t0 = time.perf_counter()
     start = tuple(start)
@@ -118,6 +127,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
     cur = start
     log_: list[Trial] = []
     invalid = 0
+    skipped = 0
     tried: set[frozenset] = {plan_signature(cur)}
     stopped = "exhausted"
     improved = True
@@ -136,6 +146,11 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
             tried.add(sig)
             if why_invalid(graph, mv.parts, pins, sup) is not None:
                 invalid += 1
+                continue
+            why_not = skip(cur, mv.parts) if skip is not None else None
+            if why_not:
+                skipped += 1
+                log.info("refine: %s not run: %s", mv.description, why_not)
                 continue
             ordered = order_parts(graph, mv.parts)
             assert ordered is not None
@@ -164,7 +179,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
         if stopped in ("trials", "time"):
             break
     return RefineResult(start, tuple(cur), tuple(log_), invalid, time.perf_counter() - t0,
-                        stopped)
+                        stopped, skipped)
 
 
 def _timed(builder: PlanBuilder, parts: Sequence[Part]) -> Callable[[], None]:

@@ -15,6 +15,12 @@ sizes, what the neighbour leaves in the caches), so it is measured per model:
    targets (A, B), the chain alternating A, B, A, ...; chains a target cannot run are skipped;
 3. run all chains interleaved (rounds of a few runs each, so the machine's drift hits every
    chain alike), timing every chunk inside its running chain (`PlanExecutor.measure_in_chain`);
+   a probe with ``wholes`` (profile mode: its whole-model times are the time base every profile
+   share is scaled to) gives each chain as many runs per round as fill ``min_round_s``, the
+   round length of the never-worse run that times the plan (a 40 us model runs ~1,000 times,
+   a 100 ms one once): the plan is priced on the time base it is verified on (four runs after
+   eleven other chains left the caches cold timed mnist's whole models 35-48% slower than
+   the verify run did);
 4. a chunk on B entered from another toolchain costs ``median(t in the mixed chain) -
    median(t in the all-B chain)`` more; B's cut cost is the median of these over chunks and
    partners, floored at 0.
@@ -34,6 +40,7 @@ candidates the lazy search asks for, do not change from run to run with the mach
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -50,10 +57,14 @@ from runners.registry import get_toolchain
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CUT_PREFIX", "CutCosts", "cached_cut_costs", "chunk_masks", "cut_fingerprint",
-           "measure_cut_costs"]
+__all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
+           "cut_fingerprint", "measure_cut_costs"]
 
 CUT_PREFIX = "cutcost:"
+#: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
+WHOLES_MIN_ROUND_S = 0.05
+#: the most runs of one chain in one round (a model of a few microseconds)
+MAX_RUNS_PER_ROUND = 2000
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,8 @@ class CutCosts:
     #: target id -> its whole model's median seconds in the same interleaved rounds (probed
     #: with ``wholes``; else empty): every target's whole model on one time base
     wholes_s: dict[str, float] = field(default_factory=dict)
+    #: chain label -> runs per round (measured now; empty when read back)
+    runs: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
@@ -82,6 +95,8 @@ class CutCosts:
             out["same_cuts_s"] = dict(self.same_cuts)
         if self.wholes_s:
             out["wholes_s"] = dict(self.wholes_s)
+        if self.runs:
+            out["runs_per_round"] = dict(self.runs)
         return out
 
 
@@ -98,9 +113,11 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
                       time_budget_s: float = 120.0, wholes: bool = False) -> CutCosts:
     """Measure each target's cut cost for ``graph`` (module docstring). Never raises for a
     chain that cannot be built or run: it is skipped and named in ``skipped``. With
-    ``wholes``, each target's whole model (one partition) runs in the same rounds too, and
+    ``wholes``, each target's whole model (one partition) runs in the same rounds too,
     ``same_cuts`` says what one cut between two partitions of a target costs:
-    (all-target chain - whole model) / (chunks - 1), floored at 0."""
+    (all-target chain - whole model) / (chunks - 1), floored at 0, and each chain runs as
+    many times per round as fill `WHOLES_MIN_ROUND_S` (at least once) instead of
+    ``runs_per_round`` (module docstring, step 3)."""
     t0 = time.perf_counter()
     masks = chunk_masks(graph, chunks)
     targets = list(dict.fromkeys(targets))
@@ -115,6 +132,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
             if a.id != b.id:
                 layouts[f"{a.id}/{b.id}"] = [a if j % 2 == 0 else b for j in range(len(masks))]
     chains: dict[str, Any] = {}
+    runs: dict[str, int] = {}  # chain label -> runs per round
     skipped: list[str] = []
     for label, ts in layouts.items():
         if "/" in label and not all(t.id in chains for t in ts):
@@ -124,8 +142,10 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
             parts = [Part(m, t) for m, t in zip(masks, ts)] if len(ts) == len(masks) \
                 else [Part(graph.all_mask, ts[0])]
             ex = builder.executor(parts)
-            ex.measure_in_chain(1, warmup=2)  # binds, warms, proves it runs
+            first, _ = ex.measure_in_chain(1, warmup=2)  # binds, warms, proves it runs
             chains[label] = ex
+            runs[label] = (_runs_to_fill(WHOLES_MIN_ROUND_S, first[0]) if wholes
+                           else runs_per_round)
         except Exception as e:  # an op a target cannot run in some chunk, a build error
             skipped.append(f"{label}: {type(e).__name__}: {str(e)[:160]}")
     ids = {label: [rt.id for rt in ex.partitions] for label, ex in chains.items()}
@@ -134,7 +154,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     done = 0
     for _ in range(max(1, rounds)):
         for label, ex in chains.items():
-            tot, per = ex.measure_in_chain(runs_per_round)
+            tot, per = ex.measure_in_chain(runs[label])
             totals[label] += tot
             for pid, xs in per.items():
                 samples[label].setdefault(pid, []).extend(xs)
@@ -156,10 +176,18 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
             for t in targets if t.id in chain_s and f"{t.id}@whole" in chain_s}
     wholes_s = {t.id: chain_s[f"{t.id}@whole"] for t in targets if f"{t.id}@whole" in chain_s}
     out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0,
-                   same_cuts=same, wholes_s=wholes_s)
+                   same_cuts=same, wholes_s=wholes_s, runs=runs)
     log.info("cut costs for %s: %s (%d chunks, %d rounds, %.1f s)", graph.name,
              {k: f"{v * 1e6:.0f} us" for k, v in cuts.items()}, len(masks), done, out.wall_s)
     return out
+
+
+def _runs_to_fill(round_s: float, run_s: float) -> int:
+    """Runs of ``run_s`` seconds that fill ``round_s`` (at least 1, at most
+    `MAX_RUNS_PER_ROUND`)."""
+    if not run_s > 0:
+        return MAX_RUNS_PER_ROUND
+    return max(1, min(MAX_RUNS_PER_ROUND, math.ceil(round_s / run_s)))
 
 
 def cut_fingerprint(graph: DataflowGraph, chunks: int, wholes: bool = False) -> str:

@@ -49,6 +49,12 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
     if len(usable) == 2:  # no fallback: the search and the confirmation measure nothing
         assert pr["measured"] == 0 and pr["confirm"]["remeasured"] == 0
     assert pr["plan_measured_s"] > 0 and pr["plan_is"]
+    # where the wall time went: every phase of a profile campaign, adding up to wall_s
+    ph = pr["phases_s"]
+    assert {"load", "farm_start", "transitions", "cut_costs", "profiles", "search", "refine",
+            "never_worse", "close", "plan"} <= set(ph)
+    assert sum(ph.values()) == pytest.approx(pr["wall_s"], rel=0.02, abs=0.05)
+    assert pr["verify_rounds"] <= pr["verify_rounds_limit"]  # may stop once it is clear
     rows = CostTable(table).rows({"kind": "profiled"})
     assert len(rows) == 2 and all(r.schema_version == 2 for r in rows)
     assert all(r.fingerprint.startswith("profile:") for r in rows)

@@ -15,6 +15,7 @@ from collage_farm.core.target import BUILTIN_TARGETS as T
 from collage_farm.core.transition import AnalyticTransitionModel, WithCutCosts
 from collage_farm.costtable import CostTable, CostTableWriter
 from collage_farm.probes.cutcost import (
+    WHOLES_MIN_ROUND_S,
     cached_cut_costs,
     chunk_masks,
     cut_fingerprint,
@@ -51,6 +52,23 @@ def test_real_probe_ort_and_openvino_on_mnist() -> None:
     assert all(0 < s < 1.0 for s in cc.chain_s.values())
     js = cc.to_json()
     assert js["cuts_s"] == cc.cuts and js["chunks"] == 3
+
+
+def test_a_wholes_probe_fills_each_round_like_the_verify_run() -> None:
+    """Profile mode's probe (``wholes``) runs each chain for about `WHOLES_MIN_ROUND_S` a
+    round, so a ~50 us model's whole-model times are warm like the verify run's, not four
+    runs after other chains evicted the caches."""
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    targets = [T["ort-cpu"], T["openvino-cpu"]]
+    cc = measure_cut_costs(g, targets, chunks=3, rounds=2, runs_per_round=3, wholes=True)
+    assert set(cc.wholes_s) == {"ort-cpu", "openvino-cpu"} and not cc.skipped
+    assert set(cc.runs) == set(cc.chain_s)
+    for label, n in cc.runs.items():
+        assert n > 3  # microseconds a run: far more than runs_per_round
+        assert n * cc.chain_s[label] >= 0.3 * WHOLES_MIN_ROUND_S  # about a round's worth
+    assert cc.to_json()["runs_per_round"] == cc.runs
+    plain = measure_cut_costs(g, targets, chunks=3, rounds=1, runs_per_round=3)
+    assert set(plain.runs.values()) == {3}  # without wholes: as asked
 
 
 def test_a_target_that_cannot_run_a_chunk_is_skipped_not_fatal() -> None:

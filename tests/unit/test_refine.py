@@ -266,6 +266,37 @@ def test_an_undecided_move_gets_more_rounds_before_it_is_decided(
     assert r.trials[0].ratio < 1 - r.trials[0].threshold and r.trials[0].pairs == 18
 
 
+def test_a_move_the_estimate_rules_out_is_not_run(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``skip`` (profile mode: a move estimated far slower) keeps a move from being built or
+    timed, and it is not a trial; a move it lets through is measured as before."""
+    import collage_farm.execute as executor
+
+    calls: list[int] = []
+
+    def scripted(fns, config):
+        calls.append(config.rounds)
+        s = Summary(1e-3, 1e-3, 0, 1e-3, 1e-3, 1e-3, 10, 0.0)
+        return executor.Interleaved({"current": s, "candidate": s}, {})
+
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
+    start = alternating(mnist)
+    b = PlanBuilder(mnist)
+    seen: list[int] = []
+
+    def never(cur, move) -> str:
+        seen.append(len(move))
+        return "estimated +40% slower"
+
+    r = refine(mnist, start, [ORT, OV], trials=2, time_budget_s=60, config=FAST, builder=b,
+               skip=never)
+    assert not r.trials and not calls and r.skipped_by_estimate == len(seen) > 0
+    assert r.to_json()["skipped_by_estimate"] == r.skipped_by_estimate
+    r = refine(mnist, start, [ORT, OV], trials=2, time_budget_s=60, config=FAST, builder=b,
+               skip=lambda cur, move: None)
+    assert len(r.trials) == 2 and len(calls) == 2 and r.skipped_by_estimate == 0
+
+
 def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
                         ms: dict[str, float], pins: object) -> object:
     """`post_search` on a plan that honours ``pins``, with the interleaved timings scripted
@@ -332,3 +363,38 @@ def test_never_worse_keeps_the_plan_when_pins_allow_no_single_toolchain(
     assert set(info["singles_ineligible"]) == {"ort-cpu", "openvino-cpu"}
     assert "pins allow" in info["never_worse"]
     assert why_invalid(mnist, parts_of(out.result), pins) is None  # type: ignore[attr-defined]
+
+
+def test_profile_mode_skips_only_moves_priced_far_slower(mnist: DataflowGraph) -> None:
+    """`decide._estimated_loser` prices a move's whole plan with the profile estimator: a
+    move >15% slower is not run, one within it is, and one touching a target without a
+    profile is run (pricing it would measure)."""
+    from collage_farm.core.candidate import CandidatePartition
+    from collage_farm.core.search import PlannedPartition
+    from collage_farm.core.transition import AnalyticTransitionModel
+    from collage_farm.postsearch.decide import PROFILE_REFINE_SKIP_LOSS, _estimated_loser
+    from estimators.mock import MockEstimator
+    from estimators.profiled import ProfiledEstimator, TargetProfile
+
+    names = [n.name for n in mnist.nodes]
+
+    def prof(us: float) -> TargetProfile:
+        return TargetProfile({n: us * 1e-6 for n in names}, {n: k for k, n in enumerate(names)},
+                             dict.fromkeys(range(len(names)), 1), 1.0, us * 1e-6 * len(names))
+
+    lite = parse_targets("litert-cpu")[0]
+    est = ProfiledEstimator({"ort-cpu": prof(10.0), "openvino-cpu": prof(20.0)}, MockEstimator())
+    whole = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
+    cost = est.estimate([whole])[0]
+    result = SearchResult((PlannedPartition(whole, cost, 0.0),), cost.seconds, 1, 1, 1, 1, 0.1)
+    skip = _estimated_loser(mnist, result, est, AnalyticTransitionModel(),
+                            PROFILE_REFINE_SKIP_LOSS)
+    assert skip is not None
+    start = [Part(mnist.all_mask, ORT)]
+    why = skip(start, [Part(mnist.all_mask, OV)])  # twice as slow
+    assert why and "more than 15%" in why
+    assert skip(start, list(start)) is None  # the same plan: no loss
+    assert skip(start, [Part(mnist.all_mask, lite)]) is None  # no profile: run it
+    assert _estimated_loser(mnist, result, MockEstimator(), AnalyticTransitionModel(),
+                            PROFILE_REFINE_SKIP_LOSS) is None  # exhaustive: every move runs
+    assert _estimated_loser(mnist, result, est, AnalyticTransitionModel(), 0.0) is None
