@@ -84,19 +84,47 @@ def _source(name: str, kw: dict[str, object], tmp: Path) -> str:
     return str(path)
 
 
-def _campaign(model: str, system: str, work: Path) -> tuple[dict, dict, dict, float]:
+def _magika_bytes(tmp: Path) -> Path:
+    """Calibration samples for pkg:magika, whose input is a file's bytes (its first and last
+    1024, padded with 256 as magika's config says): eight files of this repository (four
+    Python sources, two Markdown results, a PNG, this machine's /bin/sh), written as an .npz.
+    The seeded random default gives integers 0..3 to an input that indexes nothing: ranges
+    of real bytes are what a deployment calibrates on."""
+    import numpy as np
+
+    root = Path(__file__).resolve().parents[1]
+    files = (sorted(root.glob("bench/*.py"))[:4] + sorted(root.glob("bench/results/*.md"))[:2]
+             + sorted(root.glob("bench/results/*.png"))[:1] + [Path("/bin/sh")])
+    rows = []
+    for f in files:
+        b = list(f.read_bytes())
+        beg, end = b[:1024], (b[-1024:] if len(b) > 1024 else [])
+        rows.append(beg + [256] * (1024 - len(beg)) + [256] * (1024 - len(end)) + end)
+    path = tmp / "magika-bytes.npz"
+    np.savez(path, bytes=np.array(rows, np.int32)[:, None, :])
+    return path
+
+
+#: real calibration data per plan model (others: the seeded random default)
+CALIBRATION = {"pkg:magika": _magika_bytes}
+
+
+def _campaign(model: str, system: str, work: Path, calibration: Path | None = None
+              ) -> tuple[dict, dict, dict, float]:
     """One campaign on a built-in board: (summary, plan.json, costs by fingerprint, wall s)."""
     import json
 
     from collage_farm.campaign import TuneOptions, run_tune
     from collage_farm.config import load_config
+    from collage_farm.core.calibration_data import CalibrationData
     from collage_farm.costtable import CostTable
 
     cfg = load_config(builtin_system=system)
     t0 = time.perf_counter()
     s = run_tune(TuneOptions(model=model, targets=tuple(cfg.selected_targets),
                              out=work / "out", estimator="local", transition=cfg.transition,
-                             report=False))
+                             report=False, calibration=calibration and CalibrationData.load(
+                                 calibration)))
     wall = time.perf_counter() - t0
     plan = json.loads((work / "out" / "plan.json").read_text())
     costs = {r.fingerprint: r.median for r in CostTable(work / "out" / "costs").rows()}
@@ -145,13 +173,14 @@ def _run_check(plan_dir: Path) -> str:
         return f"FAILED: {type(e).__name__}: {' '.join(str(e).split())[:80]}"
 
 
-def plan_row(name: str, system: str, model: str, tmp: Path, again: bool) -> str:
+def plan_row(name: str, system: str, model: str, tmp: Path, again: bool,
+             calibration: Path | None = None) -> str:
     """One campaign (two with ``again``) and its table row."""
-    s, plan, costs, wall = _campaign(model, system, tmp / system / "a")
+    s, plan, costs, wall = _campaign(model, system, tmp / system / "a", calibration)
     checked = _run_check(tmp / system / "a" / "out")
     same = "-"
     if again:
-        s2, plan2, costs2, _ = _campaign(model, system, tmp / system / "b")
+        s2, plan2, costs2, _ = _campaign(model, system, tmp / system / "b", calibration)
         parts = [(p["target"], p["nodes"]) for p in plan["partitions"]]
         same = "identical" if (costs2 == costs and s2["estimated_total_s"] ==
                                s["estimated_total_s"] and parts ==
@@ -185,9 +214,10 @@ def plans_section(models: dict[str, dict[str, object]], systems: list[str],
     for name, kw in models.items():
         with tempfile.TemporaryDirectory() as tmp:
             model = _source(name, kw, Path(tmp))
+            cal = CALIBRATION[name](Path(tmp)) if name in CALIBRATION else None
             for system in systems:
                 try:
-                    lines.append(plan_row(name, system, model, Path(tmp), again))
+                    lines.append(plan_row(name, system, model, Path(tmp), again, cal))
                 except Exception as e:  # one model's failure must not lose the table
                     lines.append(f"| {system} | {name} | FAILED: {type(e).__name__}: "
                                  f"{str(e)[:120]} |")

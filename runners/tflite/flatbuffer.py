@@ -15,7 +15,7 @@ from runners.tflite.result import ConvertedModel, IOSpec, OpInfo
 def _activation_bytes(conv: _Builder, tid: int) -> int:
     t = conv.tensors[tid]
     item = 1 if conv.mode == "int8" else 4
-    if t.kind == "int32":
+    if t.kind in ("int32", "int64"):
         return 0
     if t.kind == "bias":
         return int(np.prod(t.shape)) * 4

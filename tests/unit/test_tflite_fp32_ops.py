@@ -383,8 +383,9 @@ REFUSED = {
         [N("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], output_padding=[1, 1])],
         [("x", [1, 2, 3, 3])], ["y"], [_f("w", np.ones((2, 2, 3, 3), np.float32))]),
         "output_padding"),
-    "cast_to_int": (lambda: _model([N("Cast", ["x"], ["y"], to=7)], [("x", [1, 4])], ["y"],
-                                   out_type=TensorProto.INT64), "float32 -> float32"),
+    "cast_to_half": (lambda: _model([N("Cast", ["x"], ["y"], to=10)], [("x", [1, 4])], ["y"],
+                                    out_type=TensorProto.FLOAT16),
+                     "not float32, int32, int64 or bool"),
     "matmul_const_a": (lambda: _model([N("MatMul", ["a", "x"], ["y"])], [("x", [4, 3])], ["y"],
                                       [_f("a", np.ones((2, 4), np.float32))]), "constant A"),
 }
