@@ -86,18 +86,23 @@ def _source(name: str, kw: dict[str, object], tmp: Path) -> str:
 
 def _magika_bytes(tmp: Path) -> Path:
     """Calibration samples for pkg:magika, whose input is a file's bytes (its first and last
-    1024, padded with 256 as magika's config says): eight files of this repository (four
-    Python sources, two Markdown results, a PNG, this machine's /bin/sh), written as an .npz.
-    The seeded random default gives integers 0..3 to an input that indexes nothing: ranges
-    of real bytes are what a deployment calibrates on."""
+    1024, padded with 256 as magika's config says): eight files of the pinned magika package
+    itself (Python sources, JSON, Markdown, the ONNX model), so every machine with the
+    package calibrates on the same bytes. The seeded random default gives integers 0..3 to an
+    input that indexes nothing: ranges of real bytes are what a deployment calibrates on."""
+    import importlib.util
+
     import numpy as np
 
-    root = Path(__file__).resolve().parents[1]
-    files = (sorted(root.glob("bench/*.py"))[:4] + sorted(root.glob("bench/results/*.md"))[:2]
-             + sorted(root.glob("bench/results/*.png"))[:1] + [Path("/bin/sh")])
+    spec = importlib.util.find_spec("magika")
+    assert spec is not None and spec.submodule_search_locations, "pip install magika"
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    names = ("__init__.py", "magika.py", "colors.py", "cli/magika_client.py",
+             "config/content_types_kb.min.json", "models/standard_v3_3/README.md",
+             "models/standard_v3_3/metadata.json", "models/standard_v3_3/model.onnx")
     rows = []
-    for f in files:
-        b = list(f.read_bytes())
+    for name in names:
+        b = list((pkg / name).read_bytes())
         beg, end = b[:1024], (b[-1024:] if len(b) > 1024 else [])
         rows.append(beg + [256] * (1024 - len(beg)) + [256] * (1024 - len(end)) + end)
     path = tmp / "magika-bytes.npz"
