@@ -49,20 +49,17 @@ def _one_hot_model() -> onnx.ModelProto:
              numpy_helper.from_array(rng.standard_normal((V, 32)).astype(np.float32), "w1"),
              numpy_helper.from_array((rng.standard_normal((32, 16)) * 0.2).astype(np.float32),
                                      "w2")]
-    g = helper.make_graph(nodes, "onehot",
-                          [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, N])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N, 16])],
-                          inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = MAX_IR_VERSION
-    return m
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT32, [1, N])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N, 16])
+    return helper.make_model(helper.make_graph(nodes, "onehot", [ids], [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=MAX_IR_VERSION)
 
 
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = tmp_path_factory.mktemp("model") / "onehot.onnx"
-    onnx.save(_one_hot_model(), p)
-    return p
+def _saved(tmp: Path) -> Path:
+    """The model as the file a campaign reads."""
+    onnx.save(_one_hot_model(), tmp / "onehot.onnx")
+    return tmp / "onehot.onnx"
 
 
 def test_integer_front_converts_in_fp32_only_and_runs_exactly() -> None:
@@ -105,8 +102,8 @@ def _campaign(model: Path, out: Path, table: Path | None = None,
     return s, json.loads((out / "plan.json").read_text())
 
 
-def test_int32_input_model_plans_onto_the_board_and_runs(model_file: Path,
-                                                          tmp_path: Path) -> None:
+def test_int32_input_model_plans_onto_the_board_and_runs(tmp_path: Path) -> None:
+    model_file = _saved(tmp_path)
     s, plan = _campaign(model_file, tmp_path / "out")
     where = {n: p["target"] for p in plan["partitions"] for n in p["nodes"]}
     assert {where[n] for n in ("reshape", "equal")} == {"cortex-m55"}  # integer: the host
@@ -126,8 +123,8 @@ def test_int32_input_model_plans_onto_the_board_and_runs(model_file: Path,
     assert set(err) == {"y"}
 
 
-def test_calibration_keys_int8_rows_and_leaves_cpu_and_default_keys(model_file: Path,
-                                                                      tmp_path: Path) -> None:
+def test_calibration_keys_int8_rows_and_leaves_cpu_and_default_keys(tmp_path: Path) -> None:
+    model_file = _saved(tmp_path)
     cpu, npu, host = (BUILTIN_TARGETS[n] for n in ("ort-cpu", "ethos-u65-256", "cortex-m55"))
     default = CalibrationData.random()
     assert default.row_key == ""
