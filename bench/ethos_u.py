@@ -90,21 +90,54 @@ def _source(name: str, kw: dict[str, object], tmp: Path) -> str:
     return str(path)
 
 
-def _campaign(model: str, system: str, work: Path, measure: str = ""
-              ) -> tuple[dict, dict, dict, float]:
+def _magika_bytes(tmp: Path) -> Path:
+    """Calibration samples for pkg:magika, whose input is a file's bytes (its first and last
+    1024, padded with 256 as magika's config says): eight files of the pinned magika package
+    itself (Python sources, JSON, Markdown, the ONNX model), so every machine with the
+    package calibrates on the same bytes. The seeded random default gives integers 0..3 to an
+    input that indexes nothing: ranges of real bytes are what a deployment calibrates on."""
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.find_spec("magika")
+    assert spec is not None and spec.submodule_search_locations, "pip install magika"
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    names = ("__init__.py", "magika.py", "colors.py", "cli/magika_client.py",
+             "config/content_types_kb.min.json", "models/standard_v3_3/README.md",
+             "models/standard_v3_3/metadata.json", "models/standard_v3_3/model.onnx")
+    rows = []
+    for name in names:
+        b = list((pkg / name).read_bytes())
+        beg, end = b[:1024], (b[-1024:] if len(b) > 1024 else [])
+        rows.append(beg + [256] * (1024 - len(beg)) + [256] * (1024 - len(end)) + end)
+    path = tmp / "magika-bytes.npz"
+    np.savez(path, bytes=np.array(rows, np.int32)[:, None, :])
+    return path
+
+
+#: real calibration data per plan model (others: the seeded random default)
+CALIBRATION = {"pkg:magika": _magika_bytes}
+
+
+def _campaign(model: str, system: str, work: Path, measure: str = "",
+              calibration: Path | None = None) -> tuple[dict, dict, dict, float]:
     """One campaign on a built-in board: (summary, plan.json, costs by fingerprint, wall s);
-    ``measure``: the campaign's ``--measure`` (default: the board's default)."""
+    ``measure``: the campaign's ``--measure`` (default: the board's default); ``calibration``:
+    an int8 calibration file (default: the seeded random samples)."""
     import json
 
     from collage_farm.campaign import TuneOptions, run_tune
     from collage_farm.config import load_config
+    from collage_farm.core.calibration_data import CalibrationData
     from collage_farm.costtable import CostTable
 
     cfg = load_config(builtin_system=system)
     t0 = time.perf_counter()
     s = run_tune(TuneOptions(model=model, targets=tuple(cfg.selected_targets),
                              out=work / "out", estimator="local", transition=cfg.transition,
-                             report=False, measure=measure))
+                             report=False, measure=measure,
+                             calibration=calibration and CalibrationData.load(calibration)))
     wall = time.perf_counter() - t0
     plan = json.loads((work / "out" / "plan.json").read_text())
     costs = {r.fingerprint: r.median for r in CostTable(work / "out" / "costs").rows()}
@@ -153,13 +186,16 @@ def _run_check(plan_dir: Path) -> str:
         return f"FAILED: {type(e).__name__}: {' '.join(str(e).split())[:80]}"
 
 
-def plan_row(name: str, system: str, model: str, tmp: Path, again: bool) -> str:
+def plan_row(name: str, system: str, model: str, tmp: Path, again: bool,
+             calibration: Path | None = None) -> str:
     """One campaign (two with ``again``) and its table row."""
-    s, plan, costs, wall = _campaign(model, system, tmp / system / "a")
+    s, plan, costs, wall = _campaign(model, system, tmp / system / "a",
+                                     calibration=calibration)
     checked = _run_check(tmp / system / "a" / "out")
     same = "-"
     if again:
-        s2, plan2, costs2, _ = _campaign(model, system, tmp / system / "b")
+        s2, plan2, costs2, _ = _campaign(model, system, tmp / system / "b",
+                                         calibration=calibration)
         parts = [(p["target"], p["nodes"]) for p in plan["partitions"]]
         same = "identical" if (costs2 == costs and s2["estimated_total_s"] ==
                                s["estimated_total_s"] and parts ==
@@ -190,13 +226,14 @@ def plans_section(models: dict[str, dict[str, object]], systems: list[str],
              "| wall (s) | again | run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     return lines + _rows(models, systems,
-                         lambda name, system, model, tmp: plan_row(name, system, model, tmp,
-                                                                   again))
+                         lambda name, system, model, tmp, cal: plan_row(name, system, model,
+                                                                        tmp, again, cal))
 
 
 def _rows(models: dict[str, dict[str, object]], systems: list[str],
-          row: Callable[[str, str, str, Path], str]) -> list[str]:
-    """``row(name, system, model, tmp)`` per model and board, printed as they come; a failed
+          row: Callable[[str, str, str, Path, Path | None], str]) -> list[str]:
+    """``row(name, system, model, tmp, calibration)`` per model and board (``calibration``:
+    the model's real int8 samples in `CALIBRATION`, else None), printed as they come; a failed
     one is a FAILED row (one model's failure must not lose the table)."""
     import tempfile
 
@@ -204,10 +241,11 @@ def _rows(models: dict[str, dict[str, object]], systems: list[str],
     for name, kw in models.items():
         with tempfile.TemporaryDirectory() as tmp:
             model = _source(name, kw, Path(tmp))
+            cal = CALIBRATION[name](Path(tmp)) if name in CALIBRATION else None
             for system in systems:
                 try:
-                    lines.append(row(name, system, model, Path(tmp)))
-                except Exception as e:
+                    lines.append(row(name, system, model, Path(tmp), cal))
+                except Exception as e:  # one model's failure must not lose the table
                     lines.append(f"| {system} | {name} | FAILED: {type(e).__name__}: "
                                  f"{str(e)[:120]} |")
                 print(lines[-1], flush=True)
@@ -243,9 +281,11 @@ def _mode_cells(runs: dict[str, tuple[dict, dict, dict, float]], mode: str) -> l
             f"{conf.get('built')} built)", final]
 
 
-def profile_row(name: str, system: str, model: str, tmp: Path, measures: list[str]) -> str:
+def profile_row(name: str, system: str, model: str, tmp: Path, measures: list[str],
+                calibration: Path | None = None) -> str:
     """Profile mode beside exhaustive mode on one board and model (module docstring, (5))."""
-    runs = {m: _campaign(model, system, tmp / system / m, measure=m) for m in measures}
+    runs = {m: _campaign(model, system, tmp / system / m, measure=m, calibration=calibration)
+            for m in measures}
     s = next(iter(runs.values()))[0]
     vw = s.get("vela_whole_estimated_s")
     same = "-"
@@ -266,8 +306,8 @@ def profile_section(models: dict[str, dict[str, object]], systems: list[str],
     lines = ["", PROFILE_LEGEND, "", "| " + " | ".join(PROFILE_COLUMNS) + " |",
              "|" + "---|" * len(PROFILE_COLUMNS)]
     return lines + _rows(models, systems,
-                         lambda name, system, model, tmp: profile_row(name, system, model, tmp,
-                                                                      measures))
+                         lambda name, system, model, tmp, cal: profile_row(
+                             name, system, model, tmp, measures, cal))
 
 
 def main() -> None:

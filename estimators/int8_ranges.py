@@ -5,11 +5,14 @@ INT8_TOOLCHAINS`) calibrates its model once (`runners.calibration.calibrate`) on
 `int8_calibration` settles (the user's ``--calibration-data``, checked against the model before
 anything is measured, else seeded random), and every candidate's build request carries its
 tensors' ranges (`tensor_ranges_provider`). plan.json records those samples, so ``run`` builds
-the plan's int8 partitions with the same ranges.
+the plan's int8 partitions with the same ranges. An int8 row's cost depends on those ranges, so
+`calibrated_targets` puts the samples' identity into the int8 targets' keys: rows built on one
+calibration never serve a campaign on another (the default's keys are unchanged).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from collage_farm.core.calibration_data import CalibrationData
@@ -18,7 +21,7 @@ from collage_farm.core.graph import DataflowGraph, ModelError
 from collage_farm.core.target import Target
 from runners.calibration import INT8_TOOLCHAINS, calibrate
 
-__all__ = ["int8_calibration", "tensor_ranges_provider"]
+__all__ = ["calibrated_targets", "int8_calibration", "tensor_ranges_provider"]
 
 
 def int8_calibration(graph: DataflowGraph, targets: Sequence[Target],
@@ -52,3 +55,13 @@ def tensor_ranges_provider(graph: DataflowGraph, targets: Sequence[Target],
                      for k in sorted(names) if k in ranges)
 
     return for_candidate
+
+
+def calibrated_targets(targets: Sequence[Target], calibration: CalibrationData | None
+                       ) -> tuple[Target, ...]:
+    """``targets`` with ``Target.calibration`` set to ``calibration``'s `row_key` on those
+    that build int8 (empty for the default calibration: the targets come back equal), so
+    their candidates' fingerprints and cost-row keys name the calibration."""
+    key = calibration.row_key if calibration is not None else ""
+    return tuple(dataclasses.replace(t, calibration=key)
+                 if t.toolchain in INT8_TOOLCHAINS else t for t in targets)

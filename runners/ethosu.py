@@ -145,6 +145,7 @@ ONNX_TO_TFLITE: dict[str, tuple[str, ...]] = {
     "Div": ("MUL",),
     "Reshape": ("RESHAPE", "TRANSPOSE"),
     "Identity": ("RESHAPE",),
+    "Expand": ("RESHAPE",),  # int8: an Expand to its own shape only
     "Flatten": ("RESHAPE", "TRANSPOSE"),
     "Squeeze": ("RESHAPE", "TRANSPOSE"),
     "Unsqueeze": ("RESHAPE", "TRANSPOSE"),
@@ -262,6 +263,8 @@ def _softmax_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str |
 
 
 def _global_pool_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
+    if len(_shape(graph, node.inputs[0])) != 4:
+        return "1-D global pooling (a rank-3 input) is not written for Vela"
     n, _, h, w = _shape(graph, node.inputs[0])
     if node.op_type == "GlobalAveragePool":
         if n != 1:

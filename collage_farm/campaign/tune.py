@@ -117,7 +117,7 @@ from collage_farm.report.summary import story_keys
 from collage_farm.zoo.source import load_source
 from estimators.base import CostEstimator
 from estimators.board_profiled import BoardProfiledEstimator
-from estimators.int8_ranges import int8_calibration
+from estimators.int8_ranges import calibrated_targets, int8_calibration
 from estimators.profiled import (
     MeasureStrategy,
     ProfiledEstimator,
@@ -163,7 +163,9 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
     graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
     calibration = int8_calibration(graph, opts.targets, opts.calibration)
-    opts = dataclasses.replace(opts, calibration=calibration)
+    # an int8 row depends on its ranges: the calibration is part of the int8 targets' keys
+    opts = dataclasses.replace(opts, calibration=calibration,
+                               targets=calibrated_targets(opts.targets, calibration))
     t_loaded = time.perf_counter()
     clock.lap("load")
 

@@ -42,7 +42,7 @@ from collage_farm.execute import CompareResult, PlanExecutor, Single, compare_in
 from collage_farm.postsearch.vela_whole import FIGURES, ethos_u_board
 from collage_farm.report import plot_bars, plot_spread
 from collage_farm.zoo.source import load_source
-from estimators.int8_ranges import int8_calibration
+from estimators.int8_ranges import calibrated_targets, int8_calibration
 
 __all__ = ["add_compare_parser", "run_compare", "simulated_board", "subgraph_spread"]
 
@@ -90,7 +90,9 @@ def run_compare(args: argparse.Namespace) -> int:
         plan_parts = None
         if args.plan:
             plan_parts = {(tuple(p.nodes), p.target) for p in load_plan(args.plan)[0].partitions}
-        spread = subgraph_spread(graph, targets, Path(args.cost_table), plan_parts)
+        # int8 rows are keyed by their calibration (`calibrated_targets`), as the campaign's
+        spread = subgraph_spread(graph, calibrated_targets(targets, calibration),
+                                 Path(args.cost_table), plan_parts)
     if spread is not None and args.no_whole:
         return _print_spread(graph.name, spread, args)
     plan = PlanExecutor(args.plan, threads=args.threads, model=graph.model,

@@ -102,6 +102,18 @@ class CalibrationData:
             return f"|seed={self.seed}|n={self.samples}"
         return f"|data={self.sha256}|n={self.samples}"
 
+    @property
+    def row_key(self) -> str:
+        """What identifies the samples in the key of an int8 cost row (`Target.calibration`):
+        empty for the default (`DEFAULT_SAMPLES` random samples from seed 0), so rows of
+        default campaigns keep the keys they had before calibration was part of them (rows
+        written before then, whatever they were calibrated on, read as the default's); else
+        `key` (the data's SHA-256, or the random seed, and the sample count)."""
+        if self.source is CalibrationSource.RANDOM and (self.seed, self.samples) == (
+                0, DEFAULT_SAMPLES):
+            return ""
+        return self.key.lstrip("|")
+
     def describe(self) -> str:
         """One line: which calibration (`describe`)."""
         return describe(self.to_json())

@@ -10,7 +10,11 @@ Two identities matter:
 
 * ``Target.id`` names the target inside one configuration (plans and reports use it);
 * ``Target.measure_key`` says which measurements are interchangeable: the toolchain, the device
-  *kind* and the options, but not the device id (two identical GPUs share measurements).
+  *kind* and the options, but not the device id (two identical GPUs share measurements); for a
+  target that builds int8 (an Ethos-U NPU, a Cortex-M host) also the calibration its builds are
+  quantised with (``Target.calibration``, set by the campaign), since an int8 build's cost
+  depends on its ranges. The default calibration (seeded random samples) adds nothing, so
+  every key of a default campaign is what it was before calibration entered the key.
 
 The built-in catalogue below gives the target names the whole project uses (``ort-cpu``,
 ``openvino-cpu``, ``ort-cuda``, ``ort-tensorrt``, ``litert-cpu``, ``ethos-u55-32|64|128|256``,
@@ -63,12 +67,19 @@ def _freeze_options(options: Mapping[str, object] | Iterable[tuple[str, object]]
 
 @dataclass(frozen=True)
 class Target:
-    """A toolchain on a virtual device, with toolchain options (hashable, sorted pairs)."""
+    """A toolchain on a virtual device, with toolchain options (hashable, sorted pairs).
+
+    ``calibration``: for an int8 target of a campaign, what identifies the samples its builds
+    are calibrated on (`CalibrationData.row_key`); empty for every other target and for the
+    default calibration. It enters `measure_key` (and so every candidate fingerprint and cost
+    row key) only when set; runners never read it.
+    """
 
     name: str
     toolchain: str  # "ort-cpu", "openvino", "ort-cuda", "ort-tensorrt", "vela", "litert"
     device: VirtualDevice
     options: tuple[tuple[str, object], ...] = field(default_factory=tuple)
+    calibration: str = ""
 
     @staticmethod
     def make(
@@ -95,6 +106,8 @@ class Target:
         """What makes two targets' measurements interchangeable (device id excluded)."""
         opts = ",".join(f"{k}={v}" for k, v in self.options)
         raw = f"{self.toolchain}|{self.device.kind}|{self.device.memory_scope}|{opts}"
+        if self.calibration:  # int8 rows of non-default calibration data: never interchangeable
+            raw += f"|calibration={self.calibration}"
         digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
         return f"{self.toolchain}@{self.device.kind}#{digest}"
 

@@ -52,6 +52,8 @@ The modules, in the order a conversion uses them:
 * `fuse`: the fusion plan made before lowering (bias / BatchNormalization folds, fused
   activations, GELU);
 * `ir`: the converter's own tensors and ops, and the builder the emitters share;
+* `typed`: integer and boolean tensors (ids, masks; fp32 mode only): their checks and the
+  Expand / Equal / Cast emitters;
 * `lower`, `lower_fp32`: ONNX node -> TFLite ops (the fp32-only mappings in the second);
 * `peephole`: the fp32 layout-transpose peephole over the emitted ops;
 * `quant`: int8 parameters (ranges, ties, pins, requantisation) and quantised tensor data;

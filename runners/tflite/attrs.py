@@ -10,6 +10,9 @@ if TYPE_CHECKING:
 
 FLOAT = 1  # onnx.TensorProto.FLOAT
 _INT_TYPES = {6: "int32", 7: "int64"}  # onnx.TensorProto.INT32 / INT64
+#: ONNX element type -> the dtype name the converter writes (TensorType FLOAT32 / INT32 /
+#: INT64 / BOOL); any other element type is not converted
+DTYPES = {FLOAT: "float32", **_INT_TYPES, 9: "bool"}
 
 
 def _ints(v: object, default: Sequence[int] = ()) -> tuple[int, ...]:

@@ -11,11 +11,14 @@ from runners.tflite.ir import _Builder
 from runners.tflite.quant import _encode, _Encoded
 from runners.tflite.result import ConvertedModel, IOSpec, OpInfo
 
+#: builtins whose first registered version in TFLite is above 1 (BROADCAST_TO starts at 2)
+_MIN_VERSION = {"BROADCAST_TO": 2}
+
 
 def _activation_bytes(conv: _Builder, tid: int) -> int:
     t = conv.tensors[tid]
     item = 1 if conv.mode == "int8" else 4
-    if t.kind == "int32":
+    if t.kind in ("int32", "int64"):
         return 0
     if t.kind == "bias":
         return int(np.prod(t.shape)) * 4
@@ -165,7 +168,7 @@ def _write_opcodes(b: Any, conv: _Builder) -> tuple[list[str], list[int]]:
         OperatorCode.OperatorCodeStart(b)
         OperatorCode.OperatorCodeAddDeprecatedBuiltinCode(b, min(num, 127))
         OperatorCode.OperatorCodeAddBuiltinCode(b, num)
-        OperatorCode.OperatorCodeAddVersion(b, 1)
+        OperatorCode.OperatorCodeAddVersion(b, _MIN_VERSION.get(c, 1))
         code_offsets.append(OperatorCode.OperatorCodeEnd(b))
     return codes, code_offsets
 

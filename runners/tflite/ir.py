@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from runners.tflite.attrs import DTYPES
 from runners.tflite.layout import _nhwc
 
 if TYPE_CHECKING:
@@ -20,13 +21,13 @@ class _T:
 
     name: str
     shape: tuple[int, ...]
-    kind: str  # "act" | "weight" | "bias" | "const" | "like" | "int32"
+    kind: str  # "act" | "weight" | "bias" | "const" | "like" | "int32" | "int64"
     data: np.ndarray | None = None
     axis: int = 0  # per-channel axis of a weight
     range: tuple[float, float] | None = None  # calibrated (act)
     pin: tuple[float, int] | None = None  # fixed qparams (act)
     refs: tuple[int, ...] = ()  # bias: (input, weight); like: (act,)
-    dtype: str = "float32"  # act: "int32" / "int64" for integer graph inputs (fp32 mode)
+    dtype: str = "float32"  # act: "int32" / "int64" / "bool" for such tensors (fp32 mode)
 
 
 @dataclass
@@ -111,8 +112,13 @@ class _Builder:
 
     def new_act(self, name: str, onnx_shape: Sequence[int] | None = None,
                 tfl_shape: Sequence[int] | None = None, *, calibrated: bool = True,
-                pin: tuple[float, int] | None = None, dtype: str = "float32") -> int:
+                pin: tuple[float, int] | None = None, dtype: str | None = None) -> int:
+        """A new activation; ``dtype`` defaults to the ONNX tensor's (float32 for the
+        converter's own intermediates)."""
         shape = tuple(tfl_shape) if tfl_shape is not None else _nhwc(onnx_shape or ())
+        if dtype is None:
+            info = self.g.tensors.get(name) if calibrated else None
+            dtype = DTYPES.get(info.elem_type, "float32") if info is not None else "float32"
         rng = self.ranges.get(name) if calibrated else None
         tid = self._add(_T(name, shape, "act", range=rng, pin=pin, dtype=dtype))
         if calibrated:
@@ -122,7 +128,7 @@ class _Builder:
     def const(self, name: str, data: np.ndarray, kind: str, *, axis: int = 0,
               refs: tuple[int, ...] = ()) -> int:
         arr = np.asarray(data)
-        arr = arr.astype(np.int32) if kind == "int32" else arr.astype(np.float32)
+        arr = arr.astype({"int32": np.int32, "int64": np.int64}.get(kind, np.float32))
         return self._add(_T(name, tuple(arr.shape), kind, data=arr, axis=axis, refs=refs))
 
     def tie(self, a: int, b: int, requant_op: int | None = None) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runners.tflite.attrs import _INT_TYPES, FLOAT, _attr, _ints
+from runners.tflite.attrs import DTYPES, FLOAT, _attr, _ints
 from runners.tflite.fold import _folded, _init_array, _is_const
 from runners.tflite.fuse import plan_fusions
 from runners.tflite.ir import _act_enum
@@ -42,9 +42,10 @@ class _Lowering(_Fp32Lowering):
         self.fusion = plan_fusions(g, self.mode)
         for name in g.graph_inputs:
             info = g.tensors.get(name)
-            if info is not None and info.elem_type in _INT_TYPES and self.mode == "fp32":
-                # integer inputs (token ids) feed GATHER; they keep the ONNX layout
-                self.new_act(name, tfl_shape=info.shape, dtype=_INT_TYPES[info.elem_type])
+            if info is not None and info.elem_type != FLOAT and info.elem_type in DTYPES \
+                    and self.mode == "fp32":
+                # integer / boolean inputs (token ids, bytes, masks) keep the ONNX layout
+                self.new_act(name, tfl_shape=info.shape)
                 continue
             if info is None or info.elem_type != FLOAT:
                 raise ConversionError(f"graph input {name!r} is not a float32 tensor")
@@ -218,7 +219,8 @@ class _Lowering(_Fp32Lowering):
                                 act: str) -> None:
         x = self.act(n.inputs[0])
         y = self.new_act(out, self.g.tensors[n.outputs[0]].shape)
-        axes = self.const(f"{n.name}/axes", np.array([1, 2]), "int32")
+        rank4 = len(self.g.tensors[n.inputs[0]].shape) == 4
+        axes = self.const(f"{n.name}/axes", np.array([1, 2] if rank4 else [2]), "int32")
         if n.op_type == "GlobalMaxPool":
             self.tie(x, y)
         self.op("REDUCE_MAX" if n.op_type == "GlobalMaxPool" else "MEAN", [x, axes], [y], nodes,
@@ -256,14 +258,8 @@ class _Lowering(_Fp32Lowering):
     _emit_flatten = _emit_squeeze = _emit_unsqueeze = _emit_reshape
 
     def _emit_identity(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
-        """An ONNX Identity of a computed tensor: a RESHAPE to its own (held) shape, with the
-        output's quantisation tied to the input's (the same values, so the same scale)."""
-        x = self.act(n.inputs[0])
-        shape = self.tensors[x].shape
-        y = self.new_act(out, self.g.tensors[out].shape)
-        self.tie(x, y)
-        self.op("RESHAPE", [x, self.const(f"{n.name}/shape", np.array(shape), "int32")], [y],
-                nodes, {"NewShape": list(shape)})
+        """An ONNX Identity of a computed tensor (the same values, so the same scale)."""
+        self._emit_same(n, out, nodes)
 
     def _emit_softmax(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
         x = self.act(n.inputs[0])

@@ -10,7 +10,7 @@ import numpy as np
 from runners.tflite.attrs import _attr, _ints
 from runners.tflite.fold import _init_array, _slice_spec
 from runners.tflite.fuse import FusionPlan
-from runners.tflite.ir import _act_enum, _Builder
+from runners.tflite.ir import _act_enum
 from runners.tflite.layout import (
     _NHWC_AXIS,
     _NHWC_ORDER,
@@ -26,12 +26,13 @@ from runners.tflite.params import (
     _resize_params,
     _split_sizes,
 )
+from runners.tflite.typed import TypedLowering
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import Node
 
 
-class _Fp32Lowering(_Builder):
+class _Fp32Lowering(TypedLowering):
     """Emitters of the ops mapped in fp32 mode only (LiteRT); no int8 emission is written.
 
     Every emitter takes (node, the ONNX tensor its TFLite output stands for: the last fused
@@ -76,12 +77,24 @@ class _Fp32Lowering(_Builder):
         y = self.new_act(out, self.g.tensors[out].shape)
         self.op("SQRT", [self.act(n.inputs[0])], [y], nodes)
 
-    def _emit_cast(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
-        x = self.act(n.inputs[0])  # float32 -> float32: an identity, as a RESHAPE
-        shape = self.tensors[x].shape
+    def _emit_exp(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
         y = self.new_act(out, self.g.tensors[out].shape)
-        self.op("RESHAPE", [x, self.const(f"{n.name}/shape", np.array(shape), "int32")], [y],
-                nodes, {"NewShape": list(shape)})
+        self.op("EXP", [self.act(n.inputs[0])], [y], nodes)
+
+    def _emit_reciprocal(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        y_shape = self.g.tensors[out].shape
+        y = self.new_act(out, y_shape)
+        one = self._scalar(n, "one", 1.0, len(y_shape))
+        self.op("DIV", [one, self.act(n.inputs[0])], [y], nodes, {"FusedActivationFunction": 0})
+
+    def _emit_max(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        """Max / Min of two operands (one may be a constant): MAXIMUM / MINIMUM."""
+        r = len(self.g.tensors[out].shape)
+        a, b = (self._typed_operand(n, t, r, "float32") for t in n.inputs)
+        y = self.new_act(out, self.g.tensors[out].shape)
+        self.op("MAXIMUM" if n.op_type == "Max" else "MINIMUM", [a, b], [y], nodes)
+
+    _emit_min = _emit_max
 
     def _emit_pow(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
         e = _pow_exponent(n, self.g)

@@ -176,8 +176,10 @@ def _encode(conv: _Builder, tid: int, q: Mapping[int, tuple[float, int]],
     int8 = conv.mode == "int8"
     if t.kind == "int32":
         return _Encoded(2, np.ascontiguousarray(t.data, np.int32).tobytes())  # type: ignore[arg-type]
-    if t.dtype != "float32":  # integer graph input (fp32 mode): TensorType INT32 / INT64
-        return _Encoded(2 if t.dtype == "int32" else 4, None)
+    if t.kind == "int64":
+        return _Encoded(4, np.ascontiguousarray(t.data, np.int64).tobytes())  # type: ignore[arg-type]
+    if t.dtype != "float32":  # integer / boolean activation (fp32 mode): INT32 / INT64 / BOOL
+        return _Encoded({"int32": 2, "int64": 4, "bool": 6}[t.dtype], None)
     if not int8:
         data = None if t.data is None else np.ascontiguousarray(t.data, np.float32).tobytes()
         return _Encoded(0, data)

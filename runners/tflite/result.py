@@ -10,10 +10,13 @@ import numpy as np
 #: bumped when the TFLite written for the same sub-graph changes (new op mappings, the transpose
 #: peephole, ...): part of the LiteRT toolchain version, so cost-table rows of older output are
 #: not reused under the default (exact) strictness
-CONVERTER_REVISION = 2
+CONVERTER_REVISION = 3
 
 
 INT8_MIN, INT8_MAX = -128, 127
+
+#: the non-float dtypes an fp32-mode model's inputs and outputs can have (ONNX layout kept)
+_TYPED = ("int32", "int64", "bool")
 
 
 MIN_RANGE = 1e-6  # a constant tensor still needs a positive scale
@@ -52,7 +55,7 @@ class IOSpec:
     index: int  # tensor index in the TFLite subgraph
     onnx_shape: tuple[int, ...]
     tflite_shape: tuple[int, ...]
-    dtype: str  # "int8" | "float32" | "int32" / "int64" (integer inputs, fp32 mode)
+    dtype: str  # "int8" | "float32" | "int32" / "int64" / "bool" (fp32 mode)
     scale: float = 0.0
     zero_point: int = 0
 
@@ -62,7 +65,7 @@ class IOSpec:
 
     def to_tflite(self, x: np.ndarray) -> np.ndarray:
         """ONNX-layout float data -> what the TFLite input takes (NHWC, quantised in int8)."""
-        if self.dtype in ("int32", "int64"):  # integer ids: ONNX layout, no transpose
+        if self.dtype in _TYPED:  # integer ids, masks: ONNX layout, no transpose
             return np.ascontiguousarray(np.asarray(x).astype(self.dtype).reshape(self.onnx_shape))
         a = np.asarray(x, dtype=np.float32).reshape(self.onnx_shape)
         if self.nhwc:
@@ -73,8 +76,11 @@ class IOSpec:
         return np.ascontiguousarray(a, dtype=np.float32)
 
     def from_tflite(self, y: np.ndarray) -> np.ndarray:
-        """TFLite output -> float32 in the ONNX layout (dequantised in int8)."""
+        """TFLite output -> float32 in the ONNX layout (dequantised in int8); integer and
+        boolean outputs keep their type."""
         a = np.asarray(y)
+        if self.dtype in _TYPED:
+            return np.ascontiguousarray(a.astype(self.dtype).reshape(self.onnx_shape))
         if self.dtype == "int8":
             a = (a.astype(np.float32) - self.zero_point) * np.float32(self.scale)
         a = a.astype(np.float32).reshape(self.tflite_shape)

@@ -26,6 +26,7 @@ from runners.tflite.params import (
     _softmax_nchw,
     _split_sizes,
 )
+from runners.tflite.typed import check_cast, check_equal, check_expand, typed_checked
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
@@ -125,7 +126,7 @@ def _check_binary(node: Node, graph: DataflowGraph, mode: str = "int8") -> str |
     return None
 
 
-@_float_checked(inputs=[0])
+@typed_checked(inputs=[0])
 def _check_reshape(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     if node.op_type == "Reshape" and (len(node.inputs) < 2 or not _is_const(graph,
                                                                            node.inputs[1])):
@@ -205,8 +206,8 @@ def _check_concat(node: Node, graph: DataflowGraph, mode: str = "int8") -> str |
 
 @_float_checked()
 def _check_global_pool(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    if _dyn_rank(graph, node.inputs[0]) != 4:
-        return "only 2-D global pooling"
+    if _dyn_rank(graph, node.inputs[0]) not in (3, 4):
+        return "only 1-D and 2-D global pooling"
     return None
 
 
@@ -329,13 +330,6 @@ def _check_slice(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | 
     return spec if isinstance(spec, str) else None
 
 
-def _check_cast(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
-    why = _float_io(node, graph)  # float -> float: an identity
-    if why:
-        return f"only float32 -> float32 Cast (an identity) is converted: {why}"
-    return None
-
-
 @_float_checked(inputs=[0])
 def _check_gather(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | None:
     idx = node.inputs[1] if len(node.inputs) > 1 else ""
@@ -388,7 +382,7 @@ def _check_erf(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | No
 _FP32_ONLY = frozenset({
     "BatchNormalization", "HardSigmoid", "Resize", "ConvTranspose", "Transpose", "ReduceMean",
     "ReduceMax", "ReduceSum", "Pow", "Sqrt", "Slice", "Cast", "Gather", "Split",
-    "LayerNormalization", "Erf",
+    "LayerNormalization", "Erf", "Equal", "Max", "Min", "Exp", "Reciprocal",
 })
 
 
@@ -429,7 +423,13 @@ _CHECKS: dict[str, Callable[..., str | None]] = {
     "Pow": _check_pow,
     "Sqrt": _check_unary,
     "Slice": _check_slice,
-    "Cast": _check_cast,
+    "Cast": check_cast,
+    "Expand": check_expand,
+    "Equal": check_equal,
+    "Max": _check_binary,
+    "Min": _check_binary,
+    "Exp": _check_unary,
+    "Reciprocal": _check_unary,
     "Gather": _check_gather,
     "Split": _check_split,
     "LayerNormalization": _check_layernorm,

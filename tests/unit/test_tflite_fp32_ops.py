@@ -267,6 +267,22 @@ def div_dynamic() -> onnx.ModelProto:
                   [("a", [1, 3, 4, 4]), ("b", [1, 3, 4, 4])], ["y"])
 
 
+def exp_reciprocal_max_min() -> onnx.ModelProto:
+    """magika's softmax and LayerNorm pieces: Exp, Reciprocal, Max with a constant, Min."""
+    return _model([N("Exp", ["x"], ["e"]), N("Reciprocal", ["e"], ["r"]),
+                   N("Max", ["r", "c"], ["m"]), N("Min", ["m", "x"], ["y"])],
+                  [("x", [2, 3, 4])], ["y"], [_f("c", np.array(0.5, np.float32))])
+
+
+def expand_broadcast() -> onnx.ModelProto:
+    return _model([N("Expand", ["x", "shape"], ["y"])], [("x", [1, 1, 4])], ["y"],
+                  [_f("shape", np.array([2, 3, 4], np.int64))])
+
+
+def global_max_pool_rank3() -> onnx.ModelProto:
+    return _model([N("GlobalMaxPool", ["x"], ["y"])], [("x", [1, 3, 5])], ["y"])
+
+
 # case -> (model builder, TFLite ops that must appear)
 CASES: dict[str, tuple[Callable[[], onnx.ModelProto], tuple[str, ...]]] = {
     "batchnorm": (bn_alone, ("MUL", "ADD")),
@@ -318,6 +334,9 @@ CASES: dict[str, tuple[Callable[[], onnx.ModelProto], tuple[str, ...]]] = {
     "gelu_half_first": (lambda: gelu(True), ("GELU",)),
     "maxpool_after_relu_zero_pad": (maxpool_after_relu, ("PAD", "MAX_POOL_2D")),
     "div_dynamic_divisor": (div_dynamic, ("DIV",)),
+    "exp_reciprocal_max_min": (exp_reciprocal_max_min, ("EXP", "DIV", "MAXIMUM", "MINIMUM")),
+    "expand_broadcast_rank3": (expand_broadcast, ("BROADCAST_TO",)),
+    "global_max_pool_rank3": (global_max_pool_rank3, ("REDUCE_MAX",)),
 }
 
 
@@ -342,7 +361,8 @@ def test_fp32_op_matches_onnxruntime(case: str) -> None:
 FP32_ONLY_MODELS = {
     "BatchNormalization": bn_alone, "HardSigmoid": hardsigmoid,
     "Transpose": transpose3, "LayerNormalization": layernorm, "Erf": gelu,
-    "Gather": gather_rank4, "ConvTranspose": convtranspose,
+    "Gather": gather_rank4, "ConvTranspose": convtranspose, "Exp": exp_reciprocal_max_min,
+    "Reciprocal": exp_reciprocal_max_min, "Max": exp_reciprocal_max_min,
 }
 
 
@@ -383,8 +403,9 @@ REFUSED = {
         [N("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], output_padding=[1, 1])],
         [("x", [1, 2, 3, 3])], ["y"], [_f("w", np.ones((2, 2, 3, 3), np.float32))]),
         "output_padding"),
-    "cast_to_int": (lambda: _model([N("Cast", ["x"], ["y"], to=7)], [("x", [1, 4])], ["y"],
-                                   out_type=TensorProto.INT64), "float32 -> float32"),
+    "cast_to_half": (lambda: _model([N("Cast", ["x"], ["y"], to=10)], [("x", [1, 4])], ["y"],
+                                    out_type=TensorProto.FLOAT16),
+                     "not float32, int32, int64 or bool"),
     "matmul_const_a": (lambda: _model([N("MatMul", ["a", "x"], ["y"])], [("x", [4, 3])], ["y"],
                                       [_f("a", np.ones((2, 4), np.float32))]), "constant A"),
 }
