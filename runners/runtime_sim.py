@@ -15,6 +15,14 @@ int8 ADD whose input scales differ by 500x (GPT-2's additive mask, -10000, added
 [-3, 4]: every masked score came out at +4 instead of the saturated minimum, and the softmax
 after it went wrong). The partition is never timed, so their speed does not matter.
 
+One kernel is refused before it runs: LiteRT's int8 reference SOFTMAX aborts the whole process
+(SIGABRT, not an exception) when 512 or more entries of a row equal the row's maximum (measured
+with LiteRT's reference kernels: rows of 255-511 equal entries ran, 512-4100 aborted), which
+happens when a row's logits all fall below the calibrated range and clamp to one value (a CTC
+head over 6,625 characters did). A partition with a Softmax whose rows have >= 512 entries
+(`SOFTMAX_ABORT_ROW`) therefore gets the fp32 stand-in, and ``numerics`` says why: `run`
+must never lose its process to one partition's numerics.
+
 Ranges: the int8 model is quantised with the ranges the costed build used, the whole model's
 (`RuntimeInput.tensor_ranges`, from `runners.calibration`), so the tensor between two chained
 int8 partitions has one scale and zero point on both sides, as in the deployed model. Only
@@ -36,9 +44,45 @@ from runners.ort import OrtCpuToolchain, ort_session
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.tflite import convert
 
-__all__ = ["calibrate_partition", "partition_ranges", "simulated_runtime"]
+__all__ = [
+    "SOFTMAX_ABORT_ROW",
+    "calibrate_partition",
+    "partition_ranges",
+    "simulated_runtime",
+    "softmax_abort_risk",
+]
 
 _FP32 = OrtCpuToolchain()  # compiles the fp32 stand-ins (`runtime` keeps no state)
+#: rows of at least this many entries may abort LiteRT's int8 reference SOFTMAX (module docstring)
+SOFTMAX_ABORT_ROW = 512
+
+
+class Int8KernelRisk(RuntimeError):
+    """An int8 kernel that may abort the process on some inputs: the partition runs fp32."""
+
+
+def softmax_abort_risk(data: bytes) -> str | None:
+    """Why partition ``data``'s int8 model may abort LiteRT (a Softmax whose rows have
+    >= `SOFTMAX_ABORT_ROW` entries), or None. A row length that shape inference cannot tell
+    counts as a risk."""
+    m = onnx.load_from_string(data)
+    if not any(n.op_type == "Softmax" for n in m.graph.node):
+        return None
+    m = onnx.shape_inference.infer_shapes(m)
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0
+                       for d in v.type.tensor_type.shape.dim]
+              for v in (*m.graph.input, *m.graph.value_info, *m.graph.output)}
+    for n in m.graph.node:
+        if n.op_type != "Softmax":
+            continue
+        shape = shapes.get(n.input[0], [])
+        axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
+        row = shape[axis] if shape and -len(shape) <= axis < len(shape) else 0
+        if row == 0 or row >= SOFTMAX_ABORT_ROW:
+            return (f"LiteRT's int8 reference SOFTMAX can abort the process on rows of "
+                    f">= {SOFTMAX_ABORT_ROW} equal entries; Softmax '{n.name or n.output[0]}' "
+                    f"has rows of {row or 'unknown length'}")
+    return None
 
 
 def calibrate_partition(data: bytes, feeds: Mapping[str, np.ndarray]
@@ -101,6 +145,9 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
 
     def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "model" not in state:  # ranges (the whole model's) at the first feeds, convert once
+            risk = softmax_abort_risk(data)
+            if risk:
+                raise Int8KernelRisk(risk)
             ranges, note = partition_ranges(data, given, feeds)
             conv = convert(data, "int8", ranges)
             interp = Interpreter(model_content=conv.tflite, num_threads=max(1, threads),
@@ -121,7 +168,9 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
             return plain(feeds)  # conversion errors surface here
         except Exception as e:  # unsupported op, missing range: fp32 numerics, said so
             state["failed"] = f"{type(e).__name__}: {e}"
-            rt.numerics = f"ort-cpu fp32 stand-in (int8 TFLite failed: {state['failed'][:120]})"
+            rt.numerics = (f"ort-cpu fp32 stand-in (int8 not run: {str(e)[:200]})"
+                           if isinstance(e, Int8KernelRisk) else
+                           f"ort-cpu fp32 stand-in (int8 TFLite failed: {state['failed'][:120]})")
             rt.precision = "fp32"
             return fp32.plain(feeds)
 
