@@ -278,7 +278,9 @@ def print_summary(s: dict[str, Any]) -> None:
                     if scr.get("measured") else "no candidate measured in isolation")
         print(f"costs from in-network profiles: {plural(int(s.get('profiled', 0)), 'profile run')}"
               f" sent now (per-operator shares of each target's whole model); {screened}")
-    print(f"costs from {est}{warn}: {s['measured']} measured, {s['cache_hits']} cache hits, "
+    # an Ethos-U board's candidates are built and simulated (Vela, the host model), not timed
+    done = "built (simulated)" if s.get("baseline") == "vela_whole" else "measured"
+    print(f"costs from {est}{warn}: {s['measured']} {done}, {s['cache_hits']} cache hits, "
           f"{s['pruned']} pruned, {s['failed']} failed"
           + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(by.items()))})" if by else ""))
     for line in (s.get("profile") or {}).get("warnings", ()):

@@ -9,6 +9,8 @@ give identical costs and plans; the CLI refuses targets that are on no one board
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import json
 from pathlib import Path
@@ -22,6 +24,7 @@ pytest.importorskip("ethosu.regor")
 
 from collage_farm.campaign import TuneOptions, run_tune
 from collage_farm.cli.main import main
+from collage_farm.cli.tune import print_summary
 from collage_farm.config import ConfigError, load_config
 from collage_farm.core.graph import MAX_IR_VERSION, load_graph
 from collage_farm.core.target import BUILTIN_TARGETS, board_conflict
@@ -131,6 +134,11 @@ def test_gather_layernorm_model_plans_onto_npu_and_host_exactly(tmp_path: Path) 
     assert s1["estimated_total_s"] <= s1["vela_whole_estimated_s"]
     assert "exact" in s1["never_worse"] and "simulated" in s1["figures"]
     assert s1.get("plan_measured_s") is None
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_summary(s1)
+    assert "built (simulated)" in printed.getvalue()  # builds, never called measurements
+    assert " measured, " not in printed.getvalue()
     rows = CostTable(tmp_path / "a" / "out" / "costs").rows()
     assert {r.kind for r in rows if r.toolchain == "cortex-m"} == {"analytic"}
     assert {r.kind for r in rows if r.toolchain == "vela"} == {"simulated"}
