@@ -17,7 +17,6 @@ import dataclasses
 import enum
 import logging
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -117,13 +116,12 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     the plan is compared exactly with Vela's own partitioning of the model instead
     (`collage_farm.postsearch.vela_whole.exact_never_worse`).
     """
-    t0 = time.perf_counter()
     clock = PhaseClock()
     board = ethos_u_board(opts.targets)
     if board is not None and opts.verify:  # simulated board: exact, against Vela whole
         out, info = exact_never_worse(graph, board, result, est, transition)
         clock.lap("never_worse")
-        return PostSearch(out, info, {}, time.perf_counter() - t0, dict(clock.phases))
+        return PostSearch(out, info, {}, clock.wall_s, dict(clock.phases))
     builder = builder or PlanBuilder(graph, threads=1)  # the campaign's: sessions reused
     start = parts_of(result)
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
@@ -140,7 +138,7 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     skipped = _not_verified(opts, refined_result)
     if skipped:
         info.update(skipped)
-        return PostSearch(refined_result, info, {}, time.perf_counter() - t0,
+        return PostSearch(refined_result, info, {}, clock.wall_s,
                           dict(clock.phases))
 
     plans = {"dijkstra": start}
@@ -184,7 +182,7 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     clock.lap("drift")
     measured = _for_report(info, builder, out_result, opts.report)
     clock.lap("partition_timing")
-    return PostSearch(out_result, info, measured, time.perf_counter() - t0, dict(clock.phases))
+    return PostSearch(out_result, info, measured, clock.wall_s, dict(clock.phases))
 
 
 def _estimated_loser(graph: DataflowGraph, result: SearchResult, est: CostEstimator,

@@ -245,10 +245,12 @@ def _decision(s: Mapping[str, Any], plans: _Plans) -> str:
 def _estimate(s: Mapping[str, Any], written: str, measured: bool) -> str:
     est = s.get("estimated_total_s")
     src = s.get("estimator", "?")
-    mock = " (MOCK COSTS: not measurements)" if src == "mock" else ""
+    what = " (MOCK COSTS: not measurements)" if src == "mock" else ""
+    if s.get("baseline") == "vela_whole":  # an Ethos-U board: builds, not timings
+        what = " (simulated: Vela cycles and the Cortex-M cycle model)"
     line = (f"the search's estimate of the written plan ({written}): {ms(est)} = "
             f"{ms(s.get('estimated_compute_s'))} partitions + "
-            f"{ms(s.get('estimated_transition_s'))} transitions, from {src} costs{mock}")
+            f"{ms(s.get('estimated_transition_s'))} transitions, from {src} costs{what}")
     ae = s.get("additive_error")
     if measured and ae is not None:
         line += f"; additive error {ae:+.1%} of the measured {ms(s.get('plan_measured_s'))}"

@@ -35,8 +35,8 @@ from runners.tflite.params import _dyn_rank
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
 
-#: the converter's const kind for integer constant data of each integer dtype
-_INT_KIND = {"int32": "int32", "int64": "int64"}
+#: integer dtypes whose constant data the converter writes as a const of that kind
+_INT_KINDS = frozenset({"int32", "int64"})
 
 
 def dtype_of(graph: DataflowGraph, name: str) -> str | None:
@@ -162,8 +162,8 @@ class TypedLowering(_Builder):
         arr = _init_array(self.g, t)
         if arr is None:
             return self.act(t)
-        if dtype in _INT_KIND:
-            return self.const(f"{n.name}/{t}", np.ascontiguousarray(arr), _INT_KIND[dtype])
+        if dtype in _INT_KINDS:
+            return self.const(f"{n.name}/{t}", np.ascontiguousarray(arr), dtype)
         arr = _nhwc_const(arr.astype(np.float32), rank)
         return self.const(f"{n.name}/{t}", np.ascontiguousarray(arr), "const")
 

@@ -139,6 +139,7 @@ def test_gather_layernorm_model_plans_onto_npu_and_host_exactly(tmp_path: Path) 
         print_summary(s1)
     assert "built (simulated)" in printed.getvalue()  # builds, never called measurements
     assert " measured, " not in printed.getvalue()
+    assert "costs (simulated: Vela cycles" in printed.getvalue()  # the estimate line says so
     rows = CostTable(tmp_path / "a" / "out" / "costs").rows()
     assert {r.kind for r in rows if r.toolchain == "cortex-m"} == {"analytic"}
     assert {r.kind for r in rows if r.toolchain == "vela"} == {"simulated"}
