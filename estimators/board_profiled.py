@@ -326,7 +326,14 @@ class BoardProfiledEstimator(CostEstimator):
         return len(set(self._estimated) - self._built)
 
     def lower_bound(self, candidate: CandidatePartition) -> Cost:
-        return self.exact.lower_bound(candidate)
+        """The exact estimator's bound, capped by the profile estimate where ``candidate``
+        answers one (a node the profile prices at 0 s, folded into its neighbour, is below
+        the analytic floor): a lazy search never prices an edge above what it will answer."""
+        lb = self.exact.lower_bound(candidate)
+        if lb.is_known and self.why_built(candidate) is None:
+            est = self.profiles[candidate.target.id].seconds(candidate)
+            return Cost(min(lb.seconds, est))
+        return lb
 
     def is_confirmed(self, candidate: CandidatePartition) -> bool:
         """Whether ``candidate`` answers an exact figure: a profile estimate is not one."""

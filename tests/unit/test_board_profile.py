@@ -31,6 +31,7 @@ from collage_farm.core.subgraph import SubGraph
 from collage_farm.costtable import CostTable, TableStore
 from collage_farm.postsearch.vela_whole import profile_candidates
 from collage_farm.probes.board_profiles import _renamed, board_profiled
+from estimators.analytic import AnalyticEstimator
 from estimators.board_profiled import BoardProfile, BoardProfiledEstimator, ProfileBuild
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
@@ -139,6 +140,26 @@ def test_a_split_or_unaccounted_candidate_is_built_not_estimated(campaigns: dict
         assert est.estimate([whole_fc]) == [exact] and not est.provisional(whole_fc)
     finally:
         est.close()
+
+
+def test_lower_bound_never_exceeds_the_profile_estimate() -> None:
+    """A lazy search prices an edge at its bound until it is popped: a bound above the
+    estimate the candidate will answer would prune it wrongly. A profile prices an operator
+    Vela folded at 0 cycles, below the analytic floor, so the bound is capped there."""
+    graph = load_graph(_gather_layernorm())
+    target = {t.id: t for t in _targets()}[BOARD]
+    build = ProfileBuild(("fc1", "relu", "fc2"), {"clock_hz": 500e6, "ops": [
+        {"nodes": ["fc1"], "cycles": 300}, {"nodes": ["relu"], "cycles": 0},
+        {"nodes": ["fc2"], "cycles": 100}]})
+    est = BoardProfiledEstimator({BOARD: BoardProfile.of(BOARD, [build])}, AnalyticEstimator())
+    idx = {n.name: n.index for n in graph.nodes}
+    cands = [CandidatePartition(SubGraph(graph, sum(1 << idx[n] for n in names)), target)
+             for names in (["fc1"], ["relu"], ["fc2"], ["fc1", "relu"], ["relu", "fc2"])]
+    costs = est.estimate(cands)
+    assert costs[1].seconds == 0.0 < est.exact.lower_bound(cands[1]).seconds
+    for c, cost in zip(cands, costs):
+        assert est.lower_bound(c).seconds <= cost.seconds, c.label()
+    assert est.lower_bound(cands[0]) == est.exact.lower_bound(cands[0])  # below: kept
 
 
 def test_profile_campaign_writes_exact_figures_and_agrees_with_exhaustive(
