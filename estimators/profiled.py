@@ -285,9 +285,16 @@ class ProfiledEstimator(CostEstimator):
         return c.fingerprint in self._measured
 
     def lower_bound(self, candidate: CandidatePartition) -> Cost:
-        """The isolated estimator's bound: a candidate may come to answer an isolated cost
-        (screened, confirmed) below its profile estimate."""
-        return self.isolated.lower_bound(candidate)
+        """The isolated estimator's bound (a candidate may come to answer an isolated cost,
+        screened or confirmed, below its profile estimate), capped by the profile estimate
+        while the candidate answers one: an operator's share of an in-network run can be
+        below the bound's per-call floor, and a lazy search must never price an edge above
+        the cost it will answer when the edge is popped."""
+        lb = self.isolated.lower_bound(candidate)
+        p = self._profile(candidate)
+        if p is None or not lb.is_known:
+            return lb
+        return Cost(min(lb.seconds, p.cost_s(candidate.node_names, fed_by_partition(candidate))))
 
     def remeasure(self, candidates: Sequence[CandidatePartition]) -> list[Cost] | None:
         """Fresh isolated measurements (`CostEstimator.remeasure`, through the isolated

@@ -104,6 +104,27 @@ def test_uncertain_candidates_answer_isolated_costs_once_measured(mnist) -> None
     assert est.estimate([c])[0] == iso.estimate([c])[0] != before
 
 
+def test_lower_bound_is_capped_by_the_profile_estimate(mnist) -> None:  # type: ignore[no-untyped-def]
+    """A lazy search prices an edge at its bound until popped, so the bound must not exceed
+    the cost the candidate answers: a node's share of an in-network run (here 0.5 us) is
+    below the analytic bound's 1 us per-call floor."""
+    graph, _ = mnist
+    names = [n.name for n in graph.nodes]
+    prof = OperatorProfile(ProfileMethod.ORT_TRACE, tuple(((n,), 0.5e-6) for n in names),
+                           0.0, 20, whole_s=0.5e-6 * len(names))
+    iso = AnalyticEstimator()
+    est = ProfiledEstimator({ORT.id: TargetProfile.of(prof)}, iso)
+    cands = all_candidates(graph, build_specs([ORT], RuleOptions(max_depth=4)))
+    below = 0
+    for c, cost in zip(cands, est.estimate(cands)):
+        assert est.lower_bound(c).seconds <= cost.seconds, c.label()
+        below += iso.lower_bound(c).seconds > cost.seconds
+    assert below  # the isolated bound alone would have been above these estimates
+    c = cands[0]
+    est.measure_isolated([c])  # answers its isolated cost now: the isolated bound again
+    assert est.lower_bound(c) == iso.lower_bound(c)
+
+
 def test_profile_rejected_when_far_from_the_whole_model(mnist) -> None:  # type: ignore[no-untyped-def]
     graph, _ = mnist
     prof, _ = _hand_profile(graph)
