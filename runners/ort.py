@@ -7,7 +7,18 @@ project (candidates in `OrtCpuToolchain` and the CUDA/TensorRT toolchains, plan 
 the executor's whole-model reference and ORT's own multi-EP assignment): graph optimisation
 level ALL, ``intra_op_num_threads`` = the thread count (`MeasureConfig.threads` for candidates,
 the executor's ``threads`` or the target's ``threads`` option for plans), one inter-op thread,
-sequential execution, errors only in the log.
+sequential execution, errors only in the log, and no spin-waiting (`NO_SPINNING`).
+
+Threads: with more than one intra-op thread ONNX Runtime keeps a pool whose threads spin-wait
+after each parallel section by default (``session.intra_op.allow_spinning`` = 1); they keep
+burning a core after ``run`` returns. On this project's 2-core CPU nodes, measured with
+``bench/mixed_plans.py`` at 2 threads (resnet18 at 64 px cut in 3 chunks, load 4-5): a process
+holding an ORT session spent 1.0 CPU second per wall second *sleeping* 10 ms after a run
+(0.01 with spinning off), and a plan alternating OpenVINO and ORT chunks ran in 28.0 ms end to
+end against 7.8 ms with spinning off: the next toolchain's partition competed with the spinning
+pool. Candidates are timed alone, so their costs never saw it, and the plan ran far slower than
+the sum of its parts. With one thread (campaigns' default) there is no pool and the setting
+changes nothing. Both spin settings are off in every session, candidates and plans alike.
 
 Measurement (``ort-cpu``): the timed call is ``run_with_iobinding`` with inputs bound once as
 OrtValues and outputs bound to preallocated OrtValues (~3 us floor instead of ~7.5 us for
@@ -37,7 +48,14 @@ from runners.runtime import PartitionRuntime, RuntimeInput
 if TYPE_CHECKING:
     from collage_farm.core.target import Target
 
-__all__ = ["OrtCpuToolchain", "ort_bind", "ort_runtime", "ort_session", "session_options"]
+__all__ = ["NO_SPINNING", "OrtCpuToolchain", "ort_bind", "ort_runtime", "ort_session",
+           "session_options"]
+
+
+#: session config entries of every session: pool threads block instead of spin-waiting
+#: (module docstring, "Threads")
+NO_SPINNING: dict[str, str] = {"session.intra_op.allow_spinning": "0",
+                               "session.inter_op.allow_spinning": "0"}
 
 
 def session_options(threads: int) -> Any:
@@ -50,6 +68,8 @@ def session_options(threads: int) -> Any:
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
+    for key, value in NO_SPINNING.items():
+        so.add_session_config_entry(key, value)
     return so
 
 
