@@ -12,13 +12,15 @@ sequential execution, errors only in the log, and no spin-waiting (`NO_SPINNING`
 Threads: with more than one intra-op thread ONNX Runtime keeps a pool whose threads spin-wait
 after each parallel section by default (``session.intra_op.allow_spinning`` = 1); they keep
 burning a core after ``run`` returns. On this project's 2-core CPU nodes, measured with
-``bench/mixed_plans.py`` at 2 threads (resnet18 at 64 px cut in 3 chunks, load 4-5): a process
-holding an ORT session spent 1.0 CPU second per wall second *sleeping* 10 ms after a run
-(0.01 with spinning off), and a plan alternating OpenVINO and ORT chunks ran in 28.0 ms end to
-end against 7.8 ms with spinning off: the next toolchain's partition competed with the spinning
-pool. Candidates are timed alone, so their costs never saw it, and the plan ran far slower than
-the sum of its parts. With one thread (campaigns' default) there is no pool and the setting
-changes nothing. Both spin settings are off in every session, candidates and plans alike.
+``bench/mixed_plans.py`` at 2 threads (one process per setting, in turns, load 4-5; resnet18 at
+64 px cut in 3 chunks): with spinning a process spent 0.65-1.15 CPU seconds per wall second
+*sleeping* right after a run (0.00 without), a plan alternating OpenVINO and ORT chunks ran in
+16.6-20.4 ms end to end (6.2-6.7 ms without: the OpenVINO chunks competed with the spinning
+pool) and even ORT's whole model ran in 13.8-14.6 ms (6.9-7.3 ms without). A partition timed
+alone competes only with its own session's pool, so the plan's additive error grew too (that
+mix: 45-46% with spinning, 12-18% without; medians of paired rounds). With one thread
+(campaigns' default) there is no pool and nothing changes. Both spin settings are off in every
+session, candidates and plans alike.
 
 Measurement (``ort-cpu``): the timed call is ``run_with_iobinding`` with inputs bound once as
 OrtValues and outputs bound to preallocated OrtValues (~3 us floor instead of ~7.5 us for
