@@ -44,7 +44,7 @@ from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import get_target
 from collage_farm.execute import PlanExecutor
 from collage_farm.execute.builder import Part, PlanBuilder
-from runners.base import DeviceDescription
+from runners.base import DeviceDescription, MeasureConfig
 
 MODELS = {"resnet18-64": ("resnet18", {"image_size": 64}),
           "mobilenet_v2-96": ("mobilenet_v2", {"image_size": 96})}
@@ -58,20 +58,6 @@ class Variant:
     name: str
     targets: tuple[str, ...]
     ex: PlanExecutor
-
-
-def _cpu_threads() -> dict[str, float]:
-    """CPU seconds per thread of this process (utime + stime from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[tid] = (int(fields[11]) + int(fields[12])) / tick
-        except OSError:
-            continue
-    return out
 
 
 def spin_probe(fn: Callable[[], None], seconds: float = 0.3) -> tuple[int, float, float]:
@@ -138,20 +124,13 @@ def paired_rounds(variants: list[Variant], rounds: int, runs: int
     Chain and alone are taken seconds apart, so their ratio is free of the machine's drift.
     """
     out: dict[str, list[tuple[float, list[float], list[float]]]] = {v.name: [] for v in variants}
-    clock = time.perf_counter_ns
+    one = MeasureConfig(warmup_runs=2, rounds=1, min_round_runs=runs, min_round_s=0.0,
+                        max_samples=runs, outlier_ratio=0.0)
     for r in range(rounds):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for v in order:
             totals, parts = v.ex.measure_in_chain(runs, warmup=2)
-            alone = []
-            for step in v.ex._steps:
-                ts = []
-                for i in range(runs + 2):
-                    a = clock()
-                    step()
-                    if i >= 2:
-                        ts.append((clock() - a) * 1e-9)
-                alone.append(statistics.median(ts))
+            alone = list(v.ex.measure_partitions(one).values())
             out[v.name].append((statistics.median(totals),
                                 [statistics.median(x) for x in parts.values()], alone))
     return out
