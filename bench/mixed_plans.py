@@ -13,8 +13,9 @@ For every plan, in one process, interleaved (A B C, B C A, ...):
 
 * **e2e**: the plan's timed callable (what `PlanExecutor.measure` times);
 * **in chain**: each partition's own call while the chain runs (`measure_in_chain`);
-* **alone**: each partition's call repeated on its own, warm (`measure_partitions`: the
-  candidate's measurement, same session and buffers).
+* **alone**: each partition's call repeated on its own, warm (`measure_partitions`: same
+  session and buffers), or with ``--alone-mode network`` in the cache state campaigns time
+  candidates in (the rest of the model's bytes evicted, the inputs re-read, before each run).
 
 Splits ``e2e - sum(alone)`` (the additive error) into the loop between partitions (e2e minus
 the sum in chain), what each chunk loses inside a chain of its own toolchain (cuts and caches,
@@ -45,6 +46,7 @@ from collage_farm.core.target import get_target
 from collage_farm.execute import PlanExecutor
 from collage_farm.execute.builder import Part, PlanBuilder
 from runners.base import DeviceDescription, MeasureConfig
+from runners.measure import time_callable
 
 MODELS = {"resnet18-64": ("resnet18", {"image_size": 64}),
           "mobilenet_v2-96": ("mobilenet_v2", {"image_size": 96})}
@@ -58,6 +60,7 @@ class Variant:
     name: str
     targets: tuple[str, ...]
     ex: PlanExecutor
+    rest_bytes: tuple[int, ...]  # per partition: what the rest of the model touches
 
 
 def spin_probe(fn: Callable[[], None], seconds: float = 0.3) -> tuple[int, float, float]:
@@ -110,11 +113,26 @@ def build(model: str, chunks: int, pairs: list[tuple[str, str]], ort_config: dic
         parts = [Part(m, get_target(SHORT[t])) for m, t in zip(ms, ts)]
         ex = builder.executor(parts)
         builder.check(ex)
-        out.append(Variant(label, ts, ex))
+        rest = tuple(SubGraph(g, m).rest_of_network_bytes() for m in ms)
+        out.append(Variant(label, ts, ex, rest))
     return out, n
 
 
-def paired_rounds(variants: list[Variant], rounds: int, runs: int
+def alone_network(v: Variant, runs: int) -> list[float]:
+    """Each partition alone in ``network`` mode, as campaigns time candidates: what the rest of
+    the model touches evicted, then the partition's inputs re-read, before every run."""
+    buffers = v.ex.timed_callable().buffers  # type: ignore[attr-defined]
+    out = []
+    for rt, rest in zip(v.ex.partitions, v.rest_bytes):
+        cfg = MeasureConfig(warmup_runs=2, rounds=1, min_round_runs=runs, min_round_s=0.0,
+                            max_samples=runs, outlier_ratio=0.0, mode="network",
+                            network_bytes=max(1, rest))
+        samples, _ = time_callable(rt.step, cfg, inputs=[buffers[n] for n in rt.inputs])
+        out.append(statistics.median(samples))
+    return out
+
+
+def paired_rounds(variants: list[Variant], rounds: int, runs: int, mode: str = "warm"
                   ) -> dict[str, list[tuple[float, list[float], list[float]]]]:
     """Per variant and round: (chain s, each partition in chain s, each partition alone s).
 
@@ -130,7 +148,8 @@ def paired_rounds(variants: list[Variant], rounds: int, runs: int
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for v in order:
             totals, parts = v.ex.measure_in_chain(runs, warmup=2)
-            alone = list(v.ex.measure_partitions(one).values())
+            alone = (alone_network(v, runs) if mode == "network"
+                     else list(v.ex.measure_partitions(one).values()))
             out[v.name].append((statistics.median(totals),
                                 [statistics.median(x) for x in parts.values()], alone))
     return out
@@ -163,10 +182,11 @@ def run_model(model: str, args: argparse.Namespace) -> list[str]:
     variants, n = build(model, args.chunks, pairs, cfg, args.threads)  # type: ignore[arg-type]
     load0 = os.getloadavg()
     spin = {v.name: spin_probe(v.ex.timed_callable()) for v in variants}
-    got = paired_rounds(variants, args.rounds, args.runs)
+    got = paired_rounds(variants, args.rounds, args.runs, args.alone_mode)
     load1 = os.getloadavg()
     lines = [f"### {model}: {n} nodes, {args.chunks} chunks, {args.threads} thread(s), "
-             f"{args.rounds} paired rounds (load {load0[0]:.2f} -> {load1[0]:.2f})", "",
+             f"{args.rounds} paired rounds, alone in {args.alone_mode} mode "
+             f"(load {load0[0]:.2f} -> {load1[0]:.2f})", "",
              "| plan | partitions | threads in process | CPU/wall running | CPU/wall 10 ms "
              "after | sum alone ms | sum in chain ms | e2e ms | additive error (median of "
              "rounds) | loop ms |",
@@ -206,6 +226,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--runs", type=int, default=10, help="chain runs per round")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of every session")
+    ap.add_argument("--alone-mode", choices=("warm", "network"), default="warm",
+                    help="cache state of the partitions timed alone (network: as campaigns)")
     ap.add_argument("--ort-config", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     dev = DeviceDescription.host_cpu()
