@@ -7,7 +7,20 @@ project (candidates in `OrtCpuToolchain` and the CUDA/TensorRT toolchains, plan 
 the executor's whole-model reference and ORT's own multi-EP assignment): graph optimisation
 level ALL, ``intra_op_num_threads`` = the thread count (`MeasureConfig.threads` for candidates,
 the executor's ``threads`` or the target's ``threads`` option for plans), one inter-op thread,
-sequential execution, errors only in the log.
+sequential execution, errors only in the log, and no spin-waiting (`NO_SPINNING`).
+
+Threads: with more than one intra-op thread ONNX Runtime keeps a pool whose threads spin-wait
+after each parallel section by default (``session.intra_op.allow_spinning`` = 1); they keep
+burning a core after ``run`` returns. On this project's 2-core CPU nodes, measured with
+``bench/mixed_plans.py`` at 2 threads (one process per setting, in turns, load 4-5; resnet18 at
+64 px cut in 3 chunks): with spinning a process spent 0.65-1.15 CPU seconds per wall second
+*sleeping* right after a run (0.00 without), a plan alternating OpenVINO and ORT chunks ran in
+16.6-20.4 ms end to end (6.2-6.7 ms without: the OpenVINO chunks competed with the spinning
+pool) and even ORT's whole model ran in 13.8-14.6 ms (6.9-7.3 ms without). A partition timed
+alone competes only with its own session's pool, so the plan's additive error grew too (that
+mix: 45-46% with spinning, 12-18% without; medians of paired rounds). With one thread
+(campaigns' default) there is no pool and nothing changes. Both spin settings are off in every
+session, candidates and plans alike.
 
 Measurement (``ort-cpu``): the timed call is ``run_with_iobinding`` with inputs bound once as
 OrtValues and outputs bound to preallocated OrtValues (~3 us floor instead of ~7.5 us for
@@ -37,7 +50,14 @@ from runners.runtime import PartitionRuntime, RuntimeInput
 if TYPE_CHECKING:
     from collage_farm.core.target import Target
 
-__all__ = ["OrtCpuToolchain", "ort_bind", "ort_runtime", "ort_session", "session_options"]
+__all__ = ["NO_SPINNING", "OrtCpuToolchain", "ort_bind", "ort_runtime", "ort_session",
+           "session_options"]
+
+
+#: session config entries of every session: pool threads block instead of spin-waiting
+#: (module docstring, "Threads")
+NO_SPINNING: dict[str, str] = {"session.intra_op.allow_spinning": "0",
+                               "session.inter_op.allow_spinning": "0"}
 
 
 def session_options(threads: int) -> Any:
@@ -50,6 +70,8 @@ def session_options(threads: int) -> Any:
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
+    for key, value in NO_SPINNING.items():
+        so.add_session_config_entry(key, value)
     return so
 
 

@@ -211,3 +211,20 @@ def test_error_classification() -> None:
     assert classify_build_error("Could not find an implementation for Conv(11)") is (
         Status.UNSUPPORTED)
     assert classify_build_error("Protobuf parsing failed") is Status.BUILD_FAILED
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_ort_session_blocks_instead_of_spinning(threads: int) -> None:
+    # candidates and plan partitions (`_compile`) and the whole-model reference (`ort_session`)
+    # run in sessions whose pool threads do not spin-wait after a run (runners.ort "Threads")
+    from runners.ort import NO_SPINNING, ort_session, session_options
+
+    assert NO_SPINNING == {"session.intra_op.allow_spinning": "0",
+                           "session.inter_op.allow_spinning": "0"}
+    data = relu_tiny().SerializeToString()
+    sessions = [ORT._compile(data, ORT_T, threads),
+                ort_session(data, ["CPUExecutionProvider"], threads)]
+    for so in [session_options(threads), *(s.get_session_options() for s in sessions)]:
+        assert so.intra_op_num_threads == threads
+        for key, value in NO_SPINNING.items():
+            assert so.get_session_config_entry(key) == value
