@@ -1,6 +1,8 @@
 """Profile measure mode beside exhaustive mode: measurements, wall time, final plans.
 
-For each model (mnist, resnet18 at 64 px, gpt2 with 2 layers; ``--models`` to choose), targets
+For each model (mnist, resnet18 at 64 px, gpt2 with 2 layers by default; ``--models`` chooses
+from those, mobilenet_v2 at 96 px, bert with 2 layers, resnet50 at 64 px, or any source such as
+``pkg:ppocr-cls``), targets
 ``ort-cpu,openvino-cpu,litert-cpu`` (``--targets``), one embedded Ray farm:
 
 1. ``tune --measure exhaustive`` and ``tune --measure profile`` on fresh cost tables of their
@@ -46,7 +48,8 @@ from runners.base import DeviceDescription, MeasureConfig
 MODELS = {"mnist": ("mnist", {}), "resnet18-64": ("resnet18", {"image_size": 64}),
           "gpt2-2L": ("gpt2", {"layers": 2}),
           "mobilenet_v2-96": ("mobilenet_v2", {"image_size": 96}),
-          "bert-2L": ("bert", {"layers": 2})}
+          "bert-2L": ("bert", {"layers": 2}),
+          "resnet50-64": ("resnet50", {"image_size": 64})}
 DEFAULT_MODELS = ("mnist", "resnet18-64", "gpt2-2L")
 MODES = ("exhaustive", "profile")
 
