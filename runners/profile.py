@@ -11,9 +11,9 @@ per-operator cycles are already kept in every Ethos-U row's details and need no 
 
 A profile run is a farm measurement like any other: a `MeasureRequest` of the whole model whose
 `MeasureConfig.mode` is `PROFILE_MODE`. The runner's worker sends it to `profile_measure`
-instead of `Toolchain.measure`: the whole model is timed *unprofiled* (warm, the request's
-rounds) before and after it is profiled (the pooled samples bracket the profile, so the
-machine's drift hits both alike), and the result is one `MeasureResult` of kind
+instead of `Toolchain.measure`: the whole model is timed *unprofiled* (warm) interleaved with
+its profiled runs (one unprofiled round before each, so the machine's drift hits both
+alike), and the result is one `MeasureResult` of kind
 `Kind.PROFILED` whose samples are the unprofiled whole-model times and whose details carry the
 `OperatorProfile` as JSON under `PROFILE_DETAIL`. Profiling adds a few percent to the kernels;
 consumers scale the profile to the unprofiled time (`OperatorProfile.ratio`).
@@ -59,8 +59,9 @@ __all__ = ["DEFAULT_TOLERANCE", "PER_KERNEL_TOLERANCE_S", "PROFILE_DETAIL", "PRO
 
 #: details key of a profile row: the `OperatorProfile` as JSON
 PROFILE_DETAIL = "profile"
-#: details key of a profile row: where the worker's seconds went (JSON: ``bracket_s``, the
-#: unprofiled whole-model timing; ``profiler_s``, the toolchain's own profiler; for prefix
+#: details key of a profile row: where the worker's seconds went (JSON: ``profiler_s``, the
+#: toolchain's own profiler, and inside it ``unprofiled_s``, the unprofiled whole-model
+#: rounds interleaved with its runs; for prefix
 #: profiles ``prefix_builds`` and ``prefix_build_s``, the prefixes built, and
 #: ``prefix_timing_s``, their interleaved timing)
 PROFILE_STEPS = "profile_steps"
@@ -166,14 +167,17 @@ class Profiler(abc.ABC):
     toolchain that made this profiler) ``runs`` times with profiling on, on the thread count
     of ``config``, and returns an `OperatorProfile` whose groups name the ONNX nodes of the
     build's model; it raises for anything that goes wrong (`profile_measure` turns that into
-    a failed result). It leaves ``whole_s`` at 0.
+    a failed result). It leaves ``whole_s`` at 0. ``between``, when given, is called before
+    each profiled run after the warm-ups: the caller times the *unprofiled* model there, so
+    both timings see the same moments of a drifting machine (a profiler that times no
+    profiled run of the whole model, the prefix profiler, may ignore it).
     """
 
     method: ProfileMethod
 
     @abc.abstractmethod
     def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
-                runs: int) -> OperatorProfile:
+                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
         """The profile of ``build`` (whose source model is ``onnx_bytes``)."""
 
 
@@ -203,14 +207,19 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     (`PrefixProfiler`: timing only, any toolchain), and the result's profile says in
     ``rejected`` why. A toolchain with no profiler, or whose fallback fails too, gives a
     failed result that says so. A toolchain whose own profiler *is* the prefix profiler
-    (LiteRT) is not bracketed: the whole model is one of its interleaved prefixes, and those
-    samples are the result's (`_prefix_result`).
+    (LiteRT) times no separate whole model: the whole model is one of its interleaved
+    prefixes, and those samples are the result's (`_prefix_result`).
 
-    The unprofiled timing is rounds of at least one run and ``config.min_round_s`` (a 100 ms
-    model runs once a round, a 50 us one hundreds of times): its median is what the
-    profile's sum is checked against (`DEFAULT_TOLERANCE`, 20%), and the campaign scales the
-    shares to the cut-cost probe's whole-model time when it has one. The result's details
-    say where the worker's seconds went (`PROFILE_STEPS`)."""
+    The unprofiled whole model is timed *interleaved* with the profiled runs (`Profiler`'s
+    ``between``: one round of at least one run and ``config.min_round_s`` before each
+    profiled run, so a 100 ms model runs once, a 50 us one hundreds of times): both see the
+    same moments of the machine, and a load burst during the profile no longer reads as
+    profiling overhead (timed before and after instead, OpenVINO's counters on gpt2-2L came
+    out 1.25x the unprofiled time at load 4 and were rejected, while in one window they
+    agree within 5%). Its median is what the profile's sum is checked against
+    (`DEFAULT_TOLERANCE`, 20%) and the result's samples; the campaign scales the shares to
+    the cut-cost probe's whole-model time when it has one. The result's details say where
+    the worker's seconds went (`PROFILE_STEPS`)."""
     t0 = time.perf_counter()
     build, config = inp.build, inp.config
     profiler = tc.profiler()
@@ -222,25 +231,28 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     runs = max(1, int(config.min_round_runs))
     if isinstance(profiler, PrefixProfiler):
         return _prefix_result(profiler, inp, source, t0)
-    bracket = dataclasses.replace(config, mode="warm", min_round_runs=1)
     steps: dict[str, float] = {}
-    base = tc.measure(MeasureInput(build, bracket))
-    steps["bracket_s"] = time.perf_counter() - t0
-    if not base.ok:
-        return dataclasses.replace(base, config=config, kind=Kind.PROFILED)
+    unprofiled: list[float] = []
+    try:
+        between = _unprofiled_timer(tc, build, config, unprofiled)
+    except Exception as e:
+        return MeasureResult.failed(build, Status.RUNTIME_ERROR, f"the whole model does not "
+                                    f"run: {type(e).__name__}: {e}"[:4000], config,
+                                    kind=Kind.PROFILED, measure_s=time.perf_counter() - t0)
     t1 = time.perf_counter()
     try:
-        prof: OperatorProfile | None = profiler.profile(build, source, bracket, runs)
+        prof: OperatorProfile | None = profiler.profile(
+            build, source, dataclasses.replace(config, mode="warm"), runs, between=between)
     except Exception as e:
         prof = None
         rejected = f"profiler {profiler.method.value} failed: {type(e).__name__}: {e}"
     steps["profiler_s"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    after = tc.measure(MeasureInput(build, bracket))  # bracket the profile: drift hits both
-    steps["bracket_s"] += time.perf_counter() - t1
-    if after.ok:
-        samples = (*base.samples, *after.samples)
-        base = dataclasses.replace(base, samples=samples, summary=Summary.of(samples))
+    if len(unprofiled) < 3:  # the profiler stopped early: time the whole model on its own
+        unprofiled += between.rest()
+    steps["unprofiled_s"] = between.seconds
+    base = MeasureResult(build.fingerprint, build.target, Status.OK, config,
+                         samples=tuple(unprofiled), summary=Summary.of(unprofiled),
+                         kind=Kind.PROFILED, build_s=build.build_s)
     if prof is not None:
         prof = _with_whole(prof, base.seconds)
         rejected = prof.problem() or ""
@@ -261,6 +273,42 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     return dataclasses.replace(
         base, config=config, kind=Kind.PROFILED, measure_s=time.perf_counter() - t0,
         details=(*base.details, *_profile_details(prof, steps)))
+
+
+class _Unprofiled:
+    """``between`` of a profile (`Profiler`): each call times the unprofiled whole model for
+    one round and keeps the round's median in ``samples``; ``seconds`` is its time spent."""
+
+    def __init__(self, timer: Callable[[MeasureConfig], list[float]], config: MeasureConfig,
+                 samples: list[float]) -> None:
+        self.timer = timer
+        self.round = dataclasses.replace(config, mode="warm", rounds=1, min_round_runs=1,
+                                         warmup_runs=0)
+        self.config = config
+        self.samples = samples
+        self.seconds = 0.0
+
+    def __call__(self) -> None:
+        t0 = time.perf_counter()
+        self.samples.append(float(statistics.median(self.timer(self.round))))
+        self.seconds += time.perf_counter() - t0
+
+    def rest(self) -> list[float]:
+        """The request's rounds of the whole model on its own (the profiler stopped early)."""
+        t0 = time.perf_counter()
+        cfg = dataclasses.replace(self.config, mode="warm", min_round_runs=1)
+        out = self.timer(cfg)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def _unprofiled_timer(tc: Toolchain, build: BuildResult, config: MeasureConfig,
+                      samples: list[float]) -> _Unprofiled:
+    """The whole model readied (`Toolchain.timer`) and warmed up (``config.warmup_runs``)
+    for `_Unprofiled` rounds that append to ``samples``; raises when it does not run."""
+    timer = tc.timer(build, dataclasses.replace(config, mode="warm"))
+    timer(dataclasses.replace(config, mode="warm", rounds=1, min_round_runs=1, min_round_s=0))
+    return _Unprofiled(timer, config, samples)
 
 
 def _prefix_config(config: MeasureConfig) -> MeasureConfig:
@@ -298,13 +346,13 @@ def _prefix_result(profiler: PrefixProfiler, inp: MeasureInput, source: bytes, t
                          details=_profile_details(prof, profiler.steps))
 
 
-def _with_whole(prof: OperatorProfile, bracket_s: float) -> OperatorProfile:
-    """``prof`` with its ``whole_s``: the bracket timing, or for a prefix profile its own last
-    prefix (the whole model): its segments add up to that by construction, and the bracket
-    timing of the same model seconds apart differs from it by the machine's drift, not by a
-    wrong share."""
+def _with_whole(prof: OperatorProfile, unprofiled_s: float) -> OperatorProfile:
+    """``prof`` with its ``whole_s``: the unprofiled timing, or for a prefix profile its own
+    last prefix (the whole model): its segments add up to that by construction, and the
+    unprofiled timing of the same model seconds apart differs from it by the machine's drift,
+    not by a wrong share."""
     own = prof.method is ProfileMethod.PREFIXES and prof.profiled_total_s > 0
-    return dataclasses.replace(prof, whole_s=prof.profiled_total_s if own else bracket_s)
+    return dataclasses.replace(prof, whole_s=prof.profiled_total_s if own else unprofiled_s)
 
 
 # ----------------------------------------------------------------------------------------
@@ -479,7 +527,7 @@ class PrefixProfiler(Profiler):
         return samples
 
     def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
-                runs: int) -> OperatorProfile:
+                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
         import onnx
 
         t0 = time.perf_counter()

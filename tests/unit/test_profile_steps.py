@@ -1,7 +1,7 @@
 """What a profile run costs on the worker: the prefix profiler readies each prefix once (no
-compile per round), a prefix-profiled toolchain (LiteRT) is not bracketed, the unprofiled
-bracket is sized by time, artifact digests are remembered, and the steps' seconds reach the
-campaign's outcome."""
+compile per round), a prefix-profiled toolchain (LiteRT) times no separate whole model, the
+unprofiled whole model is timed between the profiled runs, artifact digests are remembered,
+and the steps' seconds reach the campaign's outcome."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from runners.profile import (
     profile_measure,
     thin_cuts,
 )
+from runners.profilers import OrtTraceProfiler
 from runners.registry import get_toolchain
 
 ORT, LITERT = parse_targets("ort-cpu,litert-cpu")
@@ -78,26 +79,41 @@ def test_prefix_profiler_compiles_each_prefix_once(mnist) -> None:  # type: igno
     assert prof.profiled_total_s == pytest.approx(max(pp.whole_samples), rel=1.0)
 
 
-def test_bracket_is_sized_by_time_and_steps_are_reported(mnist) -> None:  # type: ignore[no-untyped-def]
-    """The unprofiled timing around the profile: warm rounds of at least one run (and the
-    request's round length), before and after; the steps land in the result's details."""
+def test_unprofiled_rounds_interleave_with_the_profiled_runs(mnist) -> None:  # type: ignore[no-untyped-def]
+    """One unprofiled round before each profiled run (after the warm-ups), readied once (no
+    `measure` call, no compile), and they are the result's samples; the steps land in the
+    result's details."""
     graph, data = mnist
     tc = _CountingOrt()
     b = tc.build(BuildInput(profile_fingerprint(graph), ORT, data))
-    res = profile_measure(tc, MeasureInput(b, profile_config(rounds=2, runs=10)), data)
+    order: list[str] = []
+    real = OrtTraceProfiler(tc)
+
+    class Spy(OrtTraceProfiler):
+        def profile(self, build, onnx_bytes, config, runs, between=None):  # type: ignore[no-untyped-def]
+            def spied() -> None:
+                order.append("unprofiled")
+                assert between is not None
+                between()
+            return real.profile(build, onnx_bytes, config, runs, spied)
+
+    tc.profiler = lambda: Spy(tc)  # type: ignore[method-assign]
+    res = profile_measure(tc, MeasureInput(b, profile_config(rounds=2, runs=7)), data)
     assert res.ok and res.kind is Kind.PROFILED, res.error
-    brackets = tc.configs[:2]
-    assert [(c.mode, c.rounds, c.min_round_runs) for c in brackets] == [("warm", 2, 1)] * 2
+    assert order == ["unprofiled"] * 7 and len(res.samples) == 7
+    assert tc.configs == []  # nothing through `measure`
     steps = json.loads(str(dict(res.details)[PROFILE_STEPS]))
-    assert steps["bracket_s"] > 0 and steps["profiler_s"] > 0
+    assert 0 < steps["unprofiled_s"] < steps["profiler_s"]
     prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
-    if prof.method is ProfileMethod.PREFIXES:  # the trace was not trusted (a loaded host)
+    if prof.method is ProfileMethod.ORT_TRACE:
+        assert prof.whole_s == pytest.approx(res.seconds)
+    else:  # the trace was not trusted (a loaded host): prefixes, built once each
         assert steps["prefix_builds"] >= 1
     got = _steps(res)
-    assert got["bracket_s"] == steps["bracket_s"] and got["measure_s"] > 0
+    assert got["unprofiled_s"] == steps["unprofiled_s"] and got["measure_s"] > 0
 
 
-def test_litert_profile_is_not_bracketed(mnist) -> None:  # type: ignore[no-untyped-def]
+def test_litert_profile_times_no_separate_whole_model(mnist) -> None:  # type: ignore[no-untyped-def]
     """LiteRT's profiler is the prefix profiler: the whole model is its last prefix, timed in
     the same rounds, and those samples are the result's; no separate whole-model timing."""
     graph, data = mnist
@@ -123,7 +139,7 @@ def test_litert_profile_is_not_bracketed(mnist) -> None:  # type: ignore[no-unty
     assert prof.method is ProfileMethod.PREFIXES and not prof.rejected
     assert prof.whole_s == pytest.approx(prof.profiled_total_s)
     steps = json.loads(str(dict(res.details)[PROFILE_STEPS]))
-    assert "bracket_s" not in steps and steps["prefix_builds"] >= 1
+    assert "unprofiled_s" not in steps and steps["prefix_builds"] >= 1
 
 
 def test_digest_memo_hashes_each_bytes_object_once() -> None:
@@ -137,9 +153,28 @@ def test_digest_memo_hashes_each_bytes_object_once() -> None:
 
 def test_outcome_json_carries_the_steps_of_a_run() -> None:
     prof = OperatorProfile(ProfileMethod.PREFIXES, ((("a",), 1e-3),), whole_s=1e-3)
-    ran = ProfileOutcome("ort-cpu", prof, ran=True, steps_s={"bracket_s": 0.5}, wall_s=2.0)
-    assert ran.to_json()["steps_s"] == {"bracket_s": 0.5} and ran.to_json()["wall_s"] == 2.0
+    ran = ProfileOutcome("ort-cpu", prof, ran=True, steps_s={"profiler_s": 0.5}, wall_s=2.0)
+    assert ran.to_json()["steps_s"] == {"profiler_s": 0.5} and ran.to_json()["wall_s"] == 2.0
     assert "steps_s" not in ProfileOutcome("ort-cpu", prof, cached=True).to_json()
     failed = MeasureResult.failed(BuildInput("f", ORT, b""), Status.RUNTIME_ERROR, "x",
                                   MeasureConfig(), build_s=1.5)
     assert _steps(failed) == {"build_s": 1.5, "measure_s": 0.0}
+
+
+def test_a_profiler_that_fails_at_once_still_gets_an_unprofiled_timing(mnist) -> None:  # type: ignore[no-untyped-def]
+    """No profiled run, so no interleaved round: the whole model is timed on its own (the
+    request's rounds) and the prefix profile stands in, saying why."""
+    graph, data = mnist
+    tc = _CountingOrt()
+    b = tc.build(BuildInput(profile_fingerprint(graph), ORT, data))
+
+    class Failing(OrtTraceProfiler):
+        def profile(self, build, onnx_bytes, config, runs, between=None):  # type: ignore[no-untyped-def]
+            raise RuntimeError("no trace")
+
+    tc.profiler = lambda: Failing(tc)  # type: ignore[method-assign]
+    res = profile_measure(tc, MeasureInput(b, profile_config(rounds=3, runs=5)), data)
+    assert res.ok and len(res.samples) >= 3
+    prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
+    assert prof.method is ProfileMethod.PREFIXES
+    assert prof.rejected == "profiler ort-trace failed: RuntimeError: no trace"
