@@ -64,6 +64,7 @@ import numpy as np
 import onnx
 
 from collage_farm.core.feeds import INT_HIGH, FeedSpec, feed_specs, feeds_from_specs
+from collage_farm.core.modelprep import read_model
 from runners.base import (
     BuildInput,
     BuildResult,
@@ -230,12 +231,12 @@ def _read_outputs(handle: _Handle) -> dict[str, np.ndarray]:
     return out
 
 
-def _feed_overrides(onnx_bytes: bytes) -> tuple[tuple[str, int, int, object], ...]:
+def _feed_overrides(model: onnx.ModelProto) -> tuple[tuple[str, int, int, object], ...]:
     """The ONNX model's inputs whose feeds differ from plain draws (index ranges, fixed
     values), as (name, low, high, value list or None): what `LiteRTToolchain.feeds` needs of
     the ONNX model when it measures the TFLite artifact, possibly on another node."""
     try:
-        specs = feed_specs(onnx.load_from_string(onnx_bytes), dynamic_as=1)
+        specs = feed_specs(model, dynamic_as=1)
     except Exception:  # the converter read it; plain draws are the fallback
         return ()
     return tuple((s.name, s.low, s.high, None if s.value is None else s.value.tolist())
@@ -320,8 +321,10 @@ class LiteRTToolchain(Toolchain):
         if not inp.onnx_bytes:
             return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
                                error="empty ONNX model")
-        try:
-            converted = convert(inp.onnx_bytes, mode="fp32")
+        try:  # parsed once, for the feeds' overrides and then the converter
+            model = read_model(inp.onnx_bytes)
+            feeds_note = _feed_overrides(model)
+            converted = convert(model, mode="fp32")
         except ConversionError as e:  # UnsupportedOp and anything the writer cannot express
             return BuildResult(inp.fingerprint, inp.target, Status.UNSUPPORTED,
                                error=error_text(e), build_s=time.perf_counter() - t0)
@@ -330,7 +333,6 @@ class LiteRTToolchain(Toolchain):
             return BuildResult(inp.fingerprint, inp.target, classify_build_error(msg),
                                error=msg, build_s=time.perf_counter() - t0)
         data = converted.tflite
-        feeds_note = _feed_overrides(inp.onnx_bytes)
         threads = option_int(inp.target, "threads", 1)
         try:
             handle, _ = self.handle_for(inp.fingerprint, data, inp.target, threads)
