@@ -16,6 +16,8 @@ from collage_farm.core.target import parse_targets
 from collage_farm.core.transition import AnalyticTransitionModel, WithCutCosts
 from collage_farm.costtable import CostTable, CostTableWriter
 from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.execute.executor import PlanExecutor
+from collage_farm.probes import cutcost
 from collage_farm.probes.cutcost import (
     WHOLES_MIN_ROUND_S,
     cached_cut_costs,
@@ -146,3 +148,22 @@ def test_plan_builder_extracts_a_node_set_once_for_every_target() -> None:
     finally:
         SubGraph.extract = extract  # type: ignore[method-assign]
     assert sorted(calls) == sorted([half, rest, graph.all_mask])
+
+
+def test_a_chain_longer_than_a_round_is_warmed_once_before_its_rounds(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """One warm-up and one proving run per chain when the proving run fills a round (it
+    sizes nothing then); the rounds follow."""
+    graph = load_source("zoo:mnist")
+    runs: list[int] = []
+    real = PlanExecutor.measure_in_chain
+
+    def counting(self, n, *, warmup=0, feeds=None):  # type: ignore[no-untyped-def]
+        runs.append(n + warmup)
+        return real(self, n, warmup=warmup, feeds=feeds)
+    monkeypatch.setattr(PlanExecutor, "measure_in_chain", counting)
+    monkeypatch.setattr(cutcost, "WHOLES_MIN_ROUND_S", 0.0)  # every chain fills a round
+    ort, ov = parse_targets("ort-cpu,openvino-cpu")
+    cc = cutcost.measure_cut_costs(graph, [ort, ov], chunks=2, rounds=1, wholes=True)
+    chains = len(cc.chain_s)
+    assert chains == 6 and not cc.skipped  # 2 single-target, 2 wholes, 2 pairs
+    assert sum(runs) == chains * (2 + 1)  # warm-up + proving run, then one round of one
