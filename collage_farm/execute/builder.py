@@ -82,6 +82,11 @@ class PlanBuilder:
                 self._cache[key] = rt
         return rt.renamed(f"p{k:03d}", estimated_s)
 
+    def model_bytes(self, mask: int) -> bytes:
+        """The node set ``mask`` extracted as an ONNX model, kept like a partition's (the
+        campaign's profile requests send the whole model the cut-cost probe extracted)."""
+        return self._model(0, SubGraph(self.graph, mask))
+
     def _model(self, k: int, sg: SubGraph) -> bytes:
         """``sg`` extracted as an ONNX model (named after the first plan position it had),
         kept for other targets; the oldest forgotten past `MAX_MODEL_BYTES`."""

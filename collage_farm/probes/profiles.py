@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from collage_farm.core.graph import DataflowGraph
@@ -128,13 +128,17 @@ def _steps(res: MeasureResult) -> dict[str, float]:
 def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
                      table: CostTable | None, farm: MeasurementService | None = None,
                      store: CostStore | None = None,
-                     strictness: Strictness = Strictness.EXACT) -> dict[str, ProfileOutcome]:
+                     strictness: Strictness = Strictness.EXACT,
+                     whole_model: Callable[[], bytes] | None = None
+                     ) -> dict[str, ProfileOutcome]:
     """Every live target's profile of ``graph`` (module docstring), by target id.
 
     Rows of ``table`` answer first (the device and toolchain version ``farm`` reports, under
     ``strictness``); the rest are profiled on ``farm`` and recorded in ``store``, when both
     are given, else they have none. Never raises for a profile run that fails: its outcome
-    carries the runner's error.
+    carries the runner's error. ``whole_model`` gives the whole model as ONNX bytes when a
+    profile request needs it (a campaign's plan builder has it extracted already; default:
+    extracted here).
     """
     live = [t for t in dict.fromkeys(targets) if t.toolchain not in SIMULATED_TOOLCHAINS]
     fp = profile_fingerprint(graph)
@@ -146,7 +150,8 @@ def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
         for t in todo:
             out[t.id] = ProfileOutcome(t.id, error="no profile row in the cost table")
         return out
-    data = SubGraph(graph, graph.all_mask).extract(f"{graph.name}_whole").SerializeToString()
+    data = whole_model() if whole_model is not None else SubGraph(
+        graph, graph.all_mask).extract(f"{graph.name}_whole").SerializeToString()
     reqs = [MeasureRequest(BuildInput(fp, t, data, (), f"{graph.name}:profile:{t.id}"),
                            profile_config()) for t in todo]
     by_key: Mapping[str, Target] = {t.measure_key: t for t in todo}

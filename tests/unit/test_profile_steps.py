@@ -11,9 +11,25 @@ import pytest
 
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import parse_targets
-from collage_farm.probes.profiles import ProfileOutcome, _steps, profile_fingerprint
+from collage_farm.costtable import TableStore
+from collage_farm.execute.builder import PlanBuilder
+from collage_farm.probes.profiles import (
+    ProfileOutcome,
+    _steps,
+    collect_profiles,
+    profile_fingerprint,
+)
 from collage_farm.zoo.source import load_source
-from runners.base import BuildInput, Kind, MeasureConfig, MeasureInput, MeasureResult, Status
+from estimators.sources import MeasurementService
+from runners.base import (
+    BuildInput,
+    Kind,
+    MeasureConfig,
+    MeasureInput,
+    MeasureRequest,
+    MeasureResult,
+    Status,
+)
 from runners.onnx_base import DigestMemo
 from runners.ort import OrtCpuToolchain
 from runners.profile import (
@@ -178,3 +194,48 @@ def test_a_profiler_that_fails_at_once_still_gets_an_unprofiled_timing(mnist) ->
     prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
     assert prof.method is ProfileMethod.PREFIXES
     assert prof.rejected == "profiler ort-trace failed: RuntimeError: no trace"
+
+
+class _InProcessFarm(MeasurementService):
+    """The worker's answer to each request, given in this process (`profile_measure`), and
+    the requests it saw."""
+
+    def __init__(self) -> None:
+        self.tc = OrtCpuToolchain()
+        self.requests: list[MeasureRequest] = []
+
+    def measure(self, requests):  # type: ignore[no-untyped-def]
+        for r in requests:
+            self.requests.append(r)
+            b = self.tc.build(r.build)
+            yield profile_measure(self.tc, MeasureInput(b, r.config), r.build.onnx_bytes)
+
+    def describe(self, target):  # type: ignore[no-untyped-def]
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_profile_requests_send_the_whole_model_the_campaign_gave(mnist, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The campaign's plan builder has the whole model extracted already (the cut-cost probe
+    built it): the profile request sends those bytes, and the outcome carries the steps."""
+    graph, _ = mnist
+    builder = PlanBuilder(graph)
+    asked: list[int] = []
+
+    def whole() -> bytes:
+        asked.append(1)
+        return builder.model_bytes(graph.all_mask)
+    farm = _InProcessFarm()
+    store = TableStore(tmp_path / "costs", campaign_id="c")
+    try:
+        out = collect_profiles(graph, [ORT], table=None, farm=farm, store=store,
+                               whole_model=whole)
+    finally:
+        store.close()
+    assert asked == [1] and len(farm.requests) == 1
+    assert farm.requests[0].build.onnx_bytes is builder.model_bytes(graph.all_mask)
+    o = out[ORT.id]
+    assert o.ran and o.profile is not None, o.error
+    assert o.wall_s > 0 and o.steps_s["profiler_s"] > 0 and "build_s" in o.steps_s
