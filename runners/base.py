@@ -20,7 +20,7 @@ import enum
 import json
 import math
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -407,6 +407,21 @@ class Toolchain(abc.ABC):
 
     def device_description(self, target: Target) -> DeviceDescription:
         return DeviceDescription.host_cpu()
+
+    def timer(self, build: BuildResult, config: MeasureConfig
+              ) -> Callable[[MeasureConfig], list[float]]:
+        """A function that times ``build`` again and again, each call under the config it is
+        given (warm rounds; the samples in seconds, as `measure` would take them), for callers
+        that interleave several builds (the prefix profiler): what the build needs to run is
+        made once, here, and the function holds it alive. Raises when the build cannot run.
+        The default measures through `measure` on every call; toolchains that cache only one
+        compiled session (ONNX Runtime, OpenVINO) or a bounded set (LiteRT) override it."""
+        def measured(cfg: MeasureConfig) -> list[float]:
+            m = self.measure(MeasureInput(build, cfg))
+            if not m.ok:
+                raise RuntimeError(f"{build.fingerprint} does not run: {m.error[:200]}")
+            return list(m.samples)
+        return measured
 
     def profiler(self) -> Profiler | None:
         """This toolchain's per-operator profiler (`runners.profile`), or None when it has

@@ -56,7 +56,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,7 @@ import numpy as np
 import onnx
 
 from collage_farm.core.feeds import INT_HIGH, FeedSpec, feed_specs, feeds_from_specs
+from collage_farm.core.modelprep import read_model
 from runners.base import (
     BuildInput,
     BuildResult,
@@ -75,8 +76,9 @@ from runners.base import (
     Status,
     Toolchain,
 )
-from runners.cpu import artifact_digest, classify_build_error, error_text, option_int, seed_of
+from runners.cpu import classify_build_error, error_text, option_int, seed_of
 from runners.measure import flush_for, summarize, time_callable
+from runners.onnx_base import DigestMemo
 from runners.profile import Profiler
 from runners.profilers import PrefixProfiler
 from runners.runtime import PartitionRuntime, RuntimeInput, generic_runtime
@@ -104,6 +106,15 @@ class LiteRTCapabilities(Capabilities):
     def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
         why = convertible(node, graph, "fp32")
         return None if why is None else f"litert: {why}"
+
+
+class _NotReady(Exception):
+    """A build that cannot be timed: the status and message its measurement fails with."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 @dataclass
@@ -220,12 +231,12 @@ def _read_outputs(handle: _Handle) -> dict[str, np.ndarray]:
     return out
 
 
-def _feed_overrides(onnx_bytes: bytes) -> tuple[tuple[str, int, int, object], ...]:
+def _feed_overrides(model: onnx.ModelProto) -> tuple[tuple[str, int, int, object], ...]:
     """The ONNX model's inputs whose feeds differ from plain draws (index ranges, fixed
     values), as (name, low, high, value list or None): what `LiteRTToolchain.feeds` needs of
     the ONNX model when it measures the TFLite artifact, possibly on another node."""
     try:
-        specs = feed_specs(onnx.load_from_string(onnx_bytes), dynamic_as=1)
+        specs = feed_specs(model, dynamic_as=1)
     except Exception:  # the converter read it; plain draws are the fallback
         return ()
     return tuple((s.name, s.low, s.high, None if s.value is None else s.value.tolist())
@@ -265,7 +276,8 @@ class LiteRTToolchain(Toolchain):
 
     def __init__(self) -> None:
         self._handles: collections.OrderedDict[tuple, _Handle] = collections.OrderedDict()
-        self._digests: dict[int, tuple[bytes, str]] = {}
+        # holds artifact bytes alive (no byte bound: the handles' own bound evicts those)
+        self._digest = DigestMemo(limit=4 * MAX_HANDLES, max_bytes=1 << 62)
         self._by_build: dict[int, tuple[BuildResult, int, _Handle]] = {}
         self._version: str | None = None
 
@@ -309,8 +321,10 @@ class LiteRTToolchain(Toolchain):
         if not inp.onnx_bytes:
             return BuildResult(inp.fingerprint, inp.target, Status.BUILD_FAILED,
                                error="empty ONNX model")
-        try:
-            converted = convert(inp.onnx_bytes, mode="fp32")
+        try:  # parsed once, for the feeds' overrides and then the converter
+            model = read_model(inp.onnx_bytes)
+            feeds_note = _feed_overrides(model)
+            converted = convert(model, mode="fp32")
         except ConversionError as e:  # UnsupportedOp and anything the writer cannot express
             return BuildResult(inp.fingerprint, inp.target, Status.UNSUPPORTED,
                                error=error_text(e), build_s=time.perf_counter() - t0)
@@ -319,7 +333,6 @@ class LiteRTToolchain(Toolchain):
             return BuildResult(inp.fingerprint, inp.target, classify_build_error(msg),
                                error=msg, build_s=time.perf_counter() - t0)
         data = converted.tflite
-        feeds_note = _feed_overrides(inp.onnx_bytes)
         threads = option_int(inp.target, "threads", 1)
         try:
             handle, _ = self.handle_for(inp.fingerprint, data, inp.target, threads)
@@ -345,21 +358,10 @@ class LiteRTToolchain(Toolchain):
         if not build.ok:
             return MeasureResult.failed(build, build.status, build.error or "build failed",
                                         config, **common)
-        threads = max(1, int(config.threads))
-        try:  # the artifact may come from another node: make the interpreter here
-            handle, reused = self.handle_for(build.fingerprint, build.artifact, build.target,
-                                             threads)
-        except Exception as e:
-            msg = error_text(e)
-            return MeasureResult.failed(build, classify_build_error(msg), msg, config,
-                                        measure_s=time.perf_counter() - t0, **common)
         try:
-            feeds = self.feeds(handle, seed_of(build.fingerprint),
-                               dict(build.details).get("feed_specs", ()))  # type: ignore[arg-type]
-            boundary_s = self._bind_inputs(handle, feeds, config)
-            handle.interp.invoke()  # first run after binding; the loop warms up on top
-        except Exception as e:
-            return MeasureResult.failed(build, Status.RUNTIME_ERROR, error_text(e), config,
+            handle, reused, boundary_s = self._ready(build, config)
+        except _NotReady as e:
+            return MeasureResult.failed(build, e.status, e.message, config,
                                         measure_s=time.perf_counter() - t0, **common)
         try:
             samples, medians = time_callable(handle.interp.invoke, config,
@@ -370,13 +372,48 @@ class LiteRTToolchain(Toolchain):
         # what a plan pays per run: the invoke and the layout crossing (module docstring)
         samples = [x + boundary_s for x in samples]
         medians = [x + boundary_s for x in medians]
-        details = (*handle.details(), ("handle_reused", reused), ("threads", threads),
+        details = (*handle.details(), ("handle_reused", reused),
+                   ("threads", max(1, int(config.threads))),
                    ("layout_boundary_s", boundary_s), ("boundary_in_cost", True))
         return MeasureResult(
             fingerprint=build.fingerprint, target=build.target, status=Status.OK, config=config,
             samples=tuple(samples), summary=summarize(samples, medians),
             measure_s=time.perf_counter() - t0, details=details, **common,
         )
+
+    def timer(self, build: BuildResult, config: MeasureConfig
+              ) -> Callable[[MeasureConfig], list[float]]:
+        """`Toolchain.timer`: the interpreter made and its inputs bound once; each call times
+        ``invoke`` (plus the layout boundary, as `measure` does). The function holds the
+        interpreter alive whatever the handle cache evicts (a transformer's prefixes are
+        larger than its bound). Raises when the build cannot run."""
+        handle, _, boundary_s = self._ready(build, config)
+
+        def timed(cfg: MeasureConfig) -> list[float]:
+            samples, _ = time_callable(handle.interp.invoke, cfg,
+                                       flush=_network_flush(handle, cfg))
+            return [x + boundary_s for x in samples]
+        return timed
+
+    def _ready(self, build: BuildResult, config: MeasureConfig
+               ) -> tuple[_Handle, bool, float]:
+        """(interpreter handle, reused, layout boundary seconds) with inputs bound and run once;
+        raises `_NotReady` with the status a measurement fails with."""
+        threads = max(1, int(config.threads))
+        try:  # the artifact may come from another node: make the interpreter here
+            handle, reused = self.handle_for(build.fingerprint, build.artifact, build.target,
+                                             threads)
+        except Exception as e:
+            msg = error_text(e)
+            raise _NotReady(classify_build_error(msg), msg) from e
+        try:
+            feeds = self.feeds(handle, seed_of(build.fingerprint),
+                               dict(build.details).get("feed_specs", ()))  # type: ignore[arg-type]
+            boundary_s = self._bind_inputs(handle, feeds, config)
+            handle.interp.invoke()  # first run after binding; the loop warms up on top
+        except Exception as e:
+            raise _NotReady(Status.RUNTIME_ERROR, error_text(e)) from e
+        return handle, reused, boundary_s
 
     # --- for the executor and benches ----------------------------------------------------
     def run_outputs(self, build: BuildResult, feeds: Mapping[str, np.ndarray],
@@ -437,25 +474,14 @@ class LiteRTToolchain(Toolchain):
             _, old = self._handles.popitem(last=False)
             total -= old.nbytes
             self._by_build = {k: v for k, v in self._by_build.items() if v[2] is not old}
-        if len(self._digests) > 4 * MAX_HANDLES:  # holds artifact bytes alive: keep it small
-            self._digests.clear()
         return h, False
 
     def clear_cache(self) -> None:
         self._handles.clear()
-        self._digests.clear()
+        self._digest.clear()
         self._by_build.clear()
 
     # --- internals -----------------------------------------------------------------------
-    def _digest(self, data: bytes) -> str:
-        """Digest of an artifact, remembered per bytes object (the executor calls per run)."""
-        hit = self._digests.get(id(data))
-        if hit is not None and hit[0] is data:
-            return hit[1]
-        d = artifact_digest(data)
-        self._digests[id(data)] = (data, d)
-        return d
-
     def _make(self, data: bytes, threads: int) -> _Handle:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 

@@ -88,6 +88,38 @@ def artifact_digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
+class DigestMemo:
+    """`artifact_digest` remembered per bytes object: a toolchain keys its compiled handles by
+    the artifact's digest on every measure call, and hashing a transformer's few hundred MB
+    takes ~0.8 s a time. Each entry holds its bytes alive (so its ``id`` is not reused); the
+    memo forgets everything once it holds more than ``limit`` entries or ``max_bytes``."""
+
+    def __init__(self, limit: int = 256, max_bytes: int = 1 << 30) -> None:
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self._memo: dict[int, tuple[bytes, str]] = {}
+        self._bytes = 0
+
+    def __call__(self, data: bytes) -> str:
+        hit = self._memo.get(id(data))
+        if hit is not None and hit[0] is data:
+            return hit[1]
+        d = artifact_digest(data)
+        if len(self._memo) >= self.limit or self._bytes + len(data) > self.max_bytes:
+            self.clear()
+        if len(data) <= self.max_bytes:
+            self._memo[id(data)] = (data, d)
+            self._bytes += len(data)
+        return d
+
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def clear(self) -> None:
+        self._memo.clear()
+        self._bytes = 0
+
+
 def feeds_for(onnx_bytes: bytes, seed: int) -> dict[str, np.ndarray]:
     """Seeded feeds for a model's runtime inputs from its input value infos."""
     return random_inputs(onnx.load_from_string(onnx_bytes), seed)
@@ -145,6 +177,7 @@ class OnnxToolchainBase(Toolchain):
 
     def __init__(self) -> None:
         self._cached: tuple[tuple, Any] | None = None
+        self._digest = DigestMemo()
 
     # --- hooks ---------------------------------------------------------------------------
     def _compile(self, onnx_bytes: bytes, target: Target, threads: int) -> Any:
@@ -162,7 +195,7 @@ class OnnxToolchainBase(Toolchain):
 
     # --- handles -------------------------------------------------------------------------
     def _key(self, fingerprint: str, data: bytes, target: Target, threads: int) -> tuple:
-        return (fingerprint, artifact_digest(data), target.measure_key, threads)
+        return (fingerprint, self._digest(data), target.measure_key, threads)
 
     def handle_for(self, fingerprint: str, data: bytes, target: Target, threads: int
                    ) -> tuple[Any, bool]:
@@ -177,6 +210,7 @@ class OnnxToolchainBase(Toolchain):
 
     def clear_cache(self) -> None:
         self._cached = None
+        self._digest.clear()
 
     # --- Toolchain -----------------------------------------------------------------------
     def device_description(self, target: Target) -> DeviceDescription:
@@ -216,6 +250,20 @@ class OnnxToolchainBase(Toolchain):
         if not prepared.inputs:
             prepared.inputs = list(feeds.values())
         return prepared
+
+    def timer(self, build: BuildResult, config: MeasureConfig
+              ) -> Callable[[MeasureConfig], list[float]]:
+        """`Toolchain.timer`: compiled and bound once (`prepare`); each call times the
+        prepared run, as `measure` does, and the function holds the session alive whatever
+        this toolchain's one-session cache compiles next."""
+        prepared = self.prepare(build, config)
+
+        def timed(cfg: MeasureConfig) -> list[float]:
+            flush = prepared.flush if cfg.measure_mode != "warm" else None
+            samples, _ = time_callable(prepared.fn, cfg, sync=prepared.sync,
+                                       inputs=prepared.inputs, flush=flush)
+            return samples
+        return timed
 
     def measure(self, inp: MeasureInput) -> MeasureResult:
         t0 = time.perf_counter()

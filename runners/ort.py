@@ -34,6 +34,7 @@ device ``OrtValue``s, so the timed step is only ``run_with_iobinding`` (plus
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -168,13 +169,19 @@ class OrtCpuToolchain(OnnxToolchainBase):
                           trace_prefix: str, optimized_path: str) -> Any:
         """A session configured exactly as candidates' (`session_options`, this target's
         providers) with profiling on: its trace goes to ``trace_prefix``*, the optimised
-        model it runs to ``optimized_path``."""
+        model it runs to ``optimized_path`` (its graph: the weights go to a file beside it,
+        so reading the graph back does not parse a transformer's few hundred MB again)."""
         import onnxruntime as ort
 
         so = session_options(threads)
         so.enable_profiling = True
         so.profile_file_prefix = trace_prefix
         so.optimized_model_filepath = optimized_path
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name",
+            os.path.basename(optimized_path) + ".weights")
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         return ort.InferenceSession(onnx_bytes, so, providers=self._provider_list(target))
 
     def _build_details(self, handle: Any) -> tuple[tuple[str, object], ...]:

@@ -11,9 +11,9 @@ per-operator cycles are already kept in every Ethos-U row's details and need no 
 
 A profile run is a farm measurement like any other: a `MeasureRequest` of the whole model whose
 `MeasureConfig.mode` is `PROFILE_MODE`. The runner's worker sends it to `profile_measure`
-instead of `Toolchain.measure`: the whole model is timed *unprofiled* (warm, the request's
-rounds) before and after it is profiled (the pooled samples bracket the profile, so the
-machine's drift hits both alike), and the result is one `MeasureResult` of kind
+instead of `Toolchain.measure`: the whole model is timed *unprofiled* (warm) interleaved with
+its profiled runs (one unprofiled round before each, so the machine's drift hits both
+alike), and the result is one `MeasureResult` of kind
 `Kind.PROFILED` whose samples are the unprofiled whole-model times and whose details carry the
 `OperatorProfile` as JSON under `PROFILE_DETAIL`. Profiling adds a few percent to the kernels;
 consumers scale the profile to the unprofiled time (`OperatorProfile.ratio`).
@@ -35,7 +35,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,12 +53,18 @@ from runners.base import (
 )
 
 __all__ = ["DEFAULT_TOLERANCE", "PER_KERNEL_TOLERANCE_S", "PROFILE_DETAIL", "PROFILE_PREFIX",
-           "PROFILE_TIMEOUT_S", "OnnxTopology", "OperatorProfile", "PrefixProfiler",
-           "ProfileMethod", "Profiler", "attach_unassigned", "monotone_totals", "profile_config",
-           "profile_measure", "thin_cuts"]
+           "PROFILE_STEPS", "PROFILE_TIMEOUT_S", "OnnxTopology", "OperatorProfile",
+           "PrefixProfiler", "ProfileMethod", "Profiler", "attach_unassigned",
+           "monotone_totals", "profile_config", "profile_measure", "thin_cuts"]
 
 #: details key of a profile row: the `OperatorProfile` as JSON
 PROFILE_DETAIL = "profile"
+#: details key of a profile row: where the worker's seconds went (JSON: ``profiler_s``, the
+#: toolchain's own profiler, and inside it ``unprofiled_s``, the unprofiled whole-model
+#: rounds interleaved with its runs; for prefix
+#: profiles ``prefix_builds`` and ``prefix_build_s``, the prefixes built, and
+#: ``prefix_timing_s``, their interleaved timing)
+PROFILE_STEPS = "profile_steps"
 #: fingerprint prefix of profile rows (never a candidate's fingerprint)
 PROFILE_PREFIX = "profile:"
 #: how far (relative) a profile's per-operator sum may be from its unprofiled whole-model time
@@ -161,14 +167,17 @@ class Profiler(abc.ABC):
     toolchain that made this profiler) ``runs`` times with profiling on, on the thread count
     of ``config``, and returns an `OperatorProfile` whose groups name the ONNX nodes of the
     build's model; it raises for anything that goes wrong (`profile_measure` turns that into
-    a failed result). It leaves ``whole_s`` at 0.
+    a failed result). It leaves ``whole_s`` at 0. ``between``, when given, is called before
+    each profiled run after the warm-ups: the caller times the *unprofiled* model there, so
+    both timings see the same moments of a drifting machine (a profiler that times no
+    profiled run of the whole model, the prefix profiler, may ignore it).
     """
 
     method: ProfileMethod
 
     @abc.abstractmethod
     def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
-                runs: int) -> OperatorProfile:
+                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
         """The profile of ``build`` (whose source model is ``onnx_bytes``)."""
 
 
@@ -197,7 +206,18 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     against this timing, the profile is taken again by prefix differences at thin cuts
     (`PrefixProfiler`: timing only, any toolchain), and the result's profile says in
     ``rejected`` why. A toolchain with no profiler, or whose fallback fails too, gives a
-    failed result that says so."""
+    failed result that says so. A toolchain whose own profiler *is* the prefix profiler
+    (LiteRT) times no separate whole model: the whole model is one of its interleaved
+    prefixes, and those samples are the result's (`_prefix_result`).
+
+    The unprofiled whole model is timed *interleaved* with the profiled runs (`Profiler`'s
+    ``between``: one round of at least one run and ``config.min_round_s`` before each
+    profiled run, so a 100 ms model runs once, a 50 us one hundreds of times): both see the
+    same moments of the machine, and a load burst during the profile does not read as
+    profiling overhead. Its median is what the profile's sum is checked against
+    (`DEFAULT_TOLERANCE`, 20%) and the result's samples; the campaign scales the shares to
+    the cut-cost probe's whole-model time when it has one. The result's details say where
+    the worker's seconds went (`PROFILE_STEPS`)."""
     t0 = time.perf_counter()
     build, config = inp.build, inp.config
     profiler = tc.profiler()
@@ -205,49 +225,140 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
         return MeasureResult.failed(build, Status.UNSUPPORTED,
                                     f"toolchain {tc.name} has no per-operator profiler",
                                     config, kind=Kind.PROFILED)
-    warm = dataclasses.replace(config, mode="warm", min_round_runs=5)
-    base = tc.measure(MeasureInput(build, warm))
-    if not base.ok:
-        return dataclasses.replace(base, config=config, kind=Kind.PROFILED)
     source = onnx_bytes if onnx_bytes is not None else build.artifact
     runs = max(1, int(config.min_round_runs))
+    if isinstance(profiler, PrefixProfiler):
+        return _prefix_result(profiler, inp, source, t0)
+    steps: dict[str, float] = {}
+    unprofiled: list[float] = []
     try:
-        prof: OperatorProfile | None = profiler.profile(build, source, warm, runs)
+        between = _unprofiled_timer(tc, build, config, unprofiled)
+    except Exception as e:
+        return MeasureResult.failed(build, Status.RUNTIME_ERROR, f"the whole model does not "
+                                    f"run: {type(e).__name__}: {e}"[:4000], config,
+                                    kind=Kind.PROFILED, measure_s=time.perf_counter() - t0)
+    t1 = time.perf_counter()
+    try:
+        prof: OperatorProfile | None = profiler.profile(
+            build, source, dataclasses.replace(config, mode="warm"), runs, between=between)
     except Exception as e:
         prof = None
         rejected = f"profiler {profiler.method.value} failed: {type(e).__name__}: {e}"
-    after = tc.measure(MeasureInput(build, warm))  # bracket the profile: drift hits both
-    if after.ok:
-        samples = (*base.samples, *after.samples)
-        base = dataclasses.replace(base, samples=samples, summary=Summary.of(samples))
+    steps["profiler_s"] = time.perf_counter() - t1
+    if len(unprofiled) < 3:  # the profiler stopped early: time the whole model on its own
+        unprofiled += between.rest()
+    steps["unprofiled_s"] = between.seconds
+    base = MeasureResult(build.fingerprint, build.target, Status.OK, config,
+                         samples=tuple(unprofiled), summary=Summary.of(unprofiled),
+                         kind=Kind.PROFILED, build_s=build.build_s)
     if prof is not None:
         prof = _with_whole(prof, base.seconds)
         rejected = prof.problem() or ""
-    if rejected and profiler.method is not ProfileMethod.PREFIXES:
-        try:
-            prof = _with_whole(PrefixProfiler(tc).profile(build, source, warm, runs),
-                               base.seconds)
-            prof = dataclasses.replace(prof, rejected=" ".join(rejected.split())[:300])
-        except Exception as e:
-            rejected += f"; prefixes failed too: {type(e).__name__}: {e}"
-            prof = None
+    if rejected:
+        prof, rejected = _fallback(tc, build, source, config, rejected, base.seconds, steps)
     if prof is None:
         return MeasureResult.failed(build, Status.RUNTIME_ERROR, rejected[:4000], config,
                                     kind=Kind.PROFILED, device=base.device,
                                     toolchain_version=base.toolchain_version)
     return dataclasses.replace(
         base, config=config, kind=Kind.PROFILED, measure_s=time.perf_counter() - t0,
-        details=(*base.details, (PROFILE_DETAIL, prof.to_json()),
-                 ("profile_method", prof.method.value), ("profile_ratio", prof.ratio)))
+        details=(*base.details, *_profile_details(prof, steps)))
 
 
-def _with_whole(prof: OperatorProfile, bracket_s: float) -> OperatorProfile:
-    """``prof`` with its ``whole_s``: the bracket timing, or for a prefix profile its own last
-    prefix (the whole model): its segments add up to that by construction, and the bracket
-    timing of the same model seconds apart differs from it by the machine's drift, not by a
-    wrong share."""
+def _fallback(tc: Toolchain, build: BuildResult, source: bytes, config: MeasureConfig,
+              rejected: str, unprofiled_s: float, steps: dict[str, float]
+              ) -> tuple[OperatorProfile | None, str]:
+    """The prefix profile standing in for a profiler's ``rejected`` one (its ``rejected``
+    says why), or None and why not; its steps go into ``steps``."""
+    fallback = PrefixProfiler(tc)
+    try:
+        prof = _with_whole(fallback.profile(build, source, _prefix_config(config),
+                                            max(1, int(config.min_round_runs))), unprofiled_s)
+        return dataclasses.replace(prof, rejected=" ".join(rejected.split())[:300]), rejected
+    except Exception as e:
+        return None, rejected + f"; prefixes failed too: {type(e).__name__}: {e}"
+    finally:
+        steps.update(fallback.steps)
+
+
+class _Unprofiled:
+    """``between`` of a profile (`Profiler`): each call times the unprofiled whole model for
+    one round and keeps the round's median in ``samples``; ``seconds`` is its time spent."""
+
+    def __init__(self, timer: Callable[[MeasureConfig], list[float]], config: MeasureConfig,
+                 samples: list[float]) -> None:
+        self.timer = timer
+        self.round = dataclasses.replace(config, mode="warm", rounds=1, min_round_runs=1,
+                                         warmup_runs=0)
+        self.config = config
+        self.samples = samples
+        self.seconds = 0.0
+
+    def __call__(self) -> None:
+        t0 = time.perf_counter()
+        self.samples.append(float(statistics.median(self.timer(self.round))))
+        self.seconds += time.perf_counter() - t0
+
+    def rest(self) -> list[float]:
+        """The request's rounds of the whole model on its own (the profiler stopped early)."""
+        t0 = time.perf_counter()
+        cfg = dataclasses.replace(self.config, mode="warm", min_round_runs=1)
+        out = self.timer(cfg)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def _unprofiled_timer(tc: Toolchain, build: BuildResult, config: MeasureConfig,
+                      samples: list[float]) -> _Unprofiled:
+    """The whole model readied (`Toolchain.timer`) and warmed up (``config.warmup_runs``)
+    for `_Unprofiled` rounds that append to ``samples``; raises when it does not run."""
+    timer = tc.timer(build, dataclasses.replace(config, mode="warm"))
+    timer(dataclasses.replace(config, mode="warm", rounds=1, min_round_runs=1, min_round_s=0))
+    return _Unprofiled(timer, config, samples)
+
+
+def _prefix_config(config: MeasureConfig) -> MeasureConfig:
+    """The prefix profiler's timing: warm, rounds of at least 5 runs (a segment is a difference
+    of two prefix medians, so each median needs the runs)."""
+    return dataclasses.replace(config, mode="warm", min_round_runs=5)
+
+
+def _profile_details(prof: OperatorProfile, steps: Mapping[str, float]
+                     ) -> tuple[tuple[str, object], ...]:
+    return ((PROFILE_DETAIL, prof.to_json()), ("profile_method", prof.method.value),
+            ("profile_ratio", prof.ratio),
+            (PROFILE_STEPS, json.dumps({k: round(v, 4) for k, v in steps.items()},
+                                       sort_keys=True)))
+
+
+def _prefix_result(profiler: PrefixProfiler, inp: MeasureInput, source: bytes, t0: float
+                   ) -> MeasureResult:
+    """A prefix-profiled toolchain's answer: the prefix profile, and as the result's samples
+    the whole model's own samples from the same interleaved rounds (its last prefix)."""
+    build, config = inp.build, inp.config
+    runs = max(1, int(config.min_round_runs))
+    try:
+        prof = profiler.profile(build, source, _prefix_config(config), runs)
+    except Exception as e:
+        return MeasureResult.failed(build, Status.RUNTIME_ERROR,
+                                    f"profiler {profiler.method.value} failed: "
+                                    f"{type(e).__name__}: {e}"[:4000], config,
+                                    kind=Kind.PROFILED, measure_s=time.perf_counter() - t0)
+    samples = tuple(profiler.whole_samples)
+    prof = _with_whole(prof, float(statistics.median(samples)))
+    return MeasureResult(build.fingerprint, build.target, Status.OK, config, samples=samples,
+                         summary=Summary.of(samples), kind=Kind.PROFILED,
+                         build_s=build.build_s, measure_s=time.perf_counter() - t0,
+                         details=_profile_details(prof, profiler.steps))
+
+
+def _with_whole(prof: OperatorProfile, unprofiled_s: float) -> OperatorProfile:
+    """``prof`` with its ``whole_s``: the unprofiled timing, or for a prefix profile its own
+    last prefix (the whole model): its segments add up to that by construction, and the
+    unprofiled timing of the same model seconds apart differs from it by the machine's drift,
+    not by a wrong share."""
     own = prof.method is ProfileMethod.PREFIXES and prof.profiled_total_s > 0
-    return dataclasses.replace(prof, whole_s=prof.profiled_total_s if own else bracket_s)
+    return dataclasses.replace(prof, whole_s=prof.profiled_total_s if own else unprofiled_s)
 
 
 # ----------------------------------------------------------------------------------------
@@ -378,13 +489,18 @@ def thin_cuts(topo: OnnxTopology, segments: int) -> list[int]:
 
 
 class PrefixProfiler(Profiler):
-    """Differences of timed prefixes (module docstring); any toolchain's build and measure."""
+    """Differences of timed prefixes (module docstring); any toolchain's build and measure.
+
+    After `profile`: ``whole_samples``, the whole model's (the last prefix's) samples from the
+    interleaved rounds, and ``steps``, where the seconds went (`PROFILE_STEPS`' keys)."""
 
     method = ProfileMethod.PREFIXES
 
     def __init__(self, toolchain: Toolchain, segments: int = 6) -> None:
         self.toolchain = toolchain
         self.segments = segments
+        self.whole_samples: list[float] = []
+        self.steps: dict[str, float] = {}
 
     def _prefix_build(self, build: BuildResult, model: Any, names: Sequence[str],
                       tag: str) -> BuildResult:
@@ -401,35 +517,47 @@ class PrefixProfiler(Profiler):
             raise RuntimeError(f"prefix {tag} does not build: {b.error[:200]}")
         return b
 
-    def _interleaved_s(self, builds: Sequence[BuildResult], config: MeasureConfig
-                       ) -> list[float]:
-        """Median seconds of each build, timed in ``config.rounds`` rounds that visit every
-        build once (drift hits every prefix alike, as it hits every segment's difference).
-        The first round warms each build up as ``config`` says; later rounds with one run
-        (the build is loaded and was run a round ago; the median of a round's runs takes the
-        rest)."""
+    def _interleaved(self, timers: Sequence[Callable[[MeasureConfig], list[float]]],
+                     config: MeasureConfig) -> list[list[float]]:
+        """Each build's samples, timed in ``config.rounds`` rounds that visit every build once
+        (drift hits every prefix alike, as it hits every segment's difference); a round's
+        median per build is one sample. The first round warms each build up as ``config``
+        says; later rounds with one run (the build is loaded and was run a round ago; the
+        median of a round's runs takes the rest)."""
         first = dataclasses.replace(config, mode="warm", rounds=1)
         later = dataclasses.replace(first, warmup_runs=min(1, first.warmup_runs))
-        samples: list[list[float]] = [[] for _ in builds]
+        samples: list[list[float]] = [[] for _ in timers]
         for r in range(max(1, int(config.rounds))):
-            for i, b in enumerate(builds):
-                m = self.toolchain.measure(MeasureInput(b, first if r == 0 else later))
-                if not m.ok:
-                    raise RuntimeError(f"prefix {i} does not run: {m.error[:200]}")
-                samples[i].append(m.seconds)
-        return [float(statistics.median(x)) for x in samples]
+            for i, timer in enumerate(timers):
+                samples[i].append(float(statistics.median(timer(first if r == 0 else later))))
+        return samples
 
     def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
-                runs: int) -> OperatorProfile:
+                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
         import onnx
 
+        t0 = time.perf_counter()
         model = onnx.load_from_string(onnx_bytes)
         topo = OnnxTopology.of(onnx_bytes)
         cuts = thin_cuts(topo, self.segments)
         bounds = [0, *cuts, len(topo.names)]
-        builds = [self._prefix_build(build, model, topo.names[:p], f"p{i}")
-                  for i, p in enumerate(cuts)] + [build]
-        totals = [0.0, *self._interleaved_s(builds, config)]
+        timers = []
+        build_s = 0.0
+        # each prefix readied right after its build (`Toolchain.timer`: the rounds reuse its
+        # session instead of compiling it once a round)
+        for i, p in enumerate(cuts):
+            t1 = time.perf_counter()
+            b = self._prefix_build(build, model, topo.names[:p], f"p{i}")
+            build_s += time.perf_counter() - t1
+            timers.append(self.toolchain.timer(b, config))
+        timers.append(self.toolchain.timer(build, config))
+        t1 = time.perf_counter()
+        samples = self._interleaved(timers, config)
+        self.steps = {"prefix_builds": float(len(cuts)), "prefix_build_s": build_s,
+                      "prefix_timing_s": time.perf_counter() - t1,
+                      "prefixes_s": time.perf_counter() - t0}
+        self.whole_samples = samples[-1]
+        totals = [0.0, *(float(statistics.median(x)) for x in samples)]
         fixed = monotone_totals(totals)
         groups = [(tuple(topo.names[bounds[i]:bounds[i + 1]]), fixed[i + 1] - fixed[i])
                   for i in range(len(bounds) - 1)]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -222,15 +222,19 @@ class OrtTraceProfiler(Profiler):
         self._overhead: dict[tuple, float] = {}
 
     def _trace(self, onnx_bytes: bytes, target: Any, threads: int, feeds: Mapping[str, Any],
-               runs: int) -> tuple[list[dict], Any]:
-        """The trace of ``runs`` runs after the warm-ups, and the optimised model."""
+               runs: int, between: Callable[[], None] | None = None
+               ) -> tuple[list[dict], Any]:
+        """The trace of ``runs`` runs after the warm-ups (``between`` called before each of
+        those), and the optimised model."""
         import onnx
 
         with tempfile.TemporaryDirectory(prefix="ortprof") as d:
             sess = self.toolchain.profiling_session(
                 onnx_bytes, target, threads, os.path.join(d, "trace"),
                 os.path.join(d, "optimized.onnx"))
-            for _ in range(self.warmup + runs):
+            for i in range(self.warmup + runs):
+                if between is not None and i >= self.warmup:
+                    between()
                 sess.run(None, dict(feeds))
             with open(sess.end_profiling()) as f:
                 trace = json.load(f)
@@ -250,11 +254,11 @@ class OrtTraceProfiler(Profiler):
         return self._overhead[key]
 
     def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
-                runs: int) -> OperatorProfile:
+                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
         threads = max(1, int(config.threads))
         feeds = feeds_for(onnx_bytes, seed_of(build.fingerprint))
         overhead = self.kernel_overhead_s(build.target, threads)
-        trace, optimized = self._trace(onnx_bytes, build.target, threads, feeds, runs)
+        trace, optimized = self._trace(onnx_bytes, build.target, threads, feeds, runs, between)
         times = {k: max(0.0, v - overhead)
                  for k, v in ort_kernel_times(trace, self.warmup).items()}
         topo = OnnxTopology.of(onnx_bytes)
@@ -288,13 +292,15 @@ class OpenVinoCountersProfiler(Profiler):
         self.toolchain = toolchain
 
     def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
-                runs: int) -> OperatorProfile:
+                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
         compiled = self.toolchain.compile_profiled(onnx_bytes, build.target,
                                                    max(1, int(config.threads)))
         req = compiled.create_infer_request()
         feeds = feeds_for(onnx_bytes, seed_of(build.fingerprint))
         samples: dict[str, list[float]] = {}
         for i in range(self.warmup + runs):
+            if between is not None and i >= self.warmup:
+                between()
             req.infer(feeds)
             if i < self.warmup:
                 continue

@@ -182,17 +182,20 @@ def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
 
 
 def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimator,
-                       cut_info: dict | None) -> tuple[ProfiledEstimator, dict]:
+                       cut_info: dict | None, builder: PlanBuilder | None = None
+                       ) -> tuple[ProfiledEstimator, dict]:
     """``est`` wrapped in a `ProfiledEstimator` over each target's profile of ``graph``
     (`collage_farm.probes.profiles`: the cost table's rows, else profiled on the farm of a
-    measuring ``est``), and what happened: per target, the profile runs sent, and one warning
-    line per target whose costs fall back to ``est`` (no profile, or one rejected)."""
+    measuring ``est``, with the whole model ``builder`` extracted when given), and what
+    happened: per target, the profile runs sent, and one warning line per target whose
+    costs fall back to ``est`` (no profile, or one rejected)."""
     table = campaign_table(opts)
     farm_est = est if isinstance(est, FarmEstimator) else None  # the one that can profile
     outcomes = collect_profiles(
         graph, opts.targets, table=CostTable(table) if table is not None else None,
         farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
-        strictness=Strictness.parse(opts.strictness))
+        strictness=Strictness.parse(opts.strictness),
+        whole_model=(lambda: builder.model_bytes(graph.all_mask)) if builder else None)
     same = (cut_info or {}).get("same_cuts_s") or {}
     wholes = (cut_info or {}).get("wholes_s") or {}  # every target's whole, one time base
     weights = node_weights(graph)

@@ -204,7 +204,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             est, profile_info = board_profiled(graph, profile_candidates(graph, opts.targets),
                                                est, table)
         elif profile_mode:
-            est, profile_info = profiled_estimator(opts, graph, est, cut_info)
+            est, profile_info = profiled_estimator(opts, graph, est, cut_info, builder)
         clock.lap("profiles")
         lazy = bool(opts.prune and est.has_lower_bound)
         try:

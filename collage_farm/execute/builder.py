@@ -7,6 +7,7 @@ plan that differs from the last one in one or two partitions rebuilds only those
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,10 @@ from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.runtime import PartitionRuntime
 
 __all__ = ["Part", "PlanBuilder"]
+
+#: the most extracted-model bytes a builder keeps for its other targets (a transformer's
+#: whole model is a few hundred MB)
+MAX_MODEL_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,10 @@ class PlanBuilder:
     """Executors for in-memory plans over one graph, sessions cached per (nodes, target).
 
     The cache is what makes a trial cheap: a move changes one or two partitions, the others'
-    compiled sessions are reused (each executor binds its own buffers and steps). Reference
+    compiled sessions are reused (each executor binds its own buffers and steps). A node set's
+    extracted ONNX model is kept too (up to `MAX_MODEL_BYTES`), for the same nodes on another
+    target: the cut-cost probe builds every chunk and the whole model on every target, and
+    extracting gpt2-2L's whole model takes ~2-3 s. Reference
     outputs (the whole model in ONNX Runtime CPU on seeded feeds) are computed once. Partitions
     on int8 toolchains are quantised with the whole graph's ranges (`runners.calibration`,
     on ``calibration``'s samples: seeded random by default), as the campaign costed them.
@@ -51,6 +59,7 @@ class PlanBuilder:
         self.threads = threads
         self.calibration = calibration or CalibrationData.random()
         self._cache: dict[tuple[int, str], PartitionRuntime] = {}
+        self._models: OrderedDict[int, bytes] = OrderedDict()  # mask -> extracted model
         self._reference: dict[str, np.ndarray] | None = None
         self._feeds: dict[str, np.ndarray] | None = None
 
@@ -60,7 +69,7 @@ class PlanBuilder:
         rt = self._cache.get(key)
         if rt is None:
             sg = SubGraph(self.graph, part.mask)
-            data = sg.extract(name=f"{self.graph.name}_p{k:03d}").SerializeToString()
+            data = self._model(k, sg)
             int8 = part.target.toolchain in INT8_TOOLCHAINS
             rt = make_runtime(f"p{k:03d}", part.target.id, part.target.toolchain, data,
                               sg.input_tensors, sg.output_tensors, estimated_s,
@@ -72,6 +81,22 @@ class PlanBuilder:
             if part.target.toolchain in ("ort-cpu", "openvino", "litert"):
                 self._cache[key] = rt
         return rt.renamed(f"p{k:03d}", estimated_s)
+
+    def model_bytes(self, mask: int) -> bytes:
+        """The node set ``mask`` extracted as an ONNX model, kept like a partition's (the
+        campaign's profile requests send the whole model the cut-cost probe extracted)."""
+        return self._model(0, SubGraph(self.graph, mask))
+
+    def _model(self, k: int, sg: SubGraph) -> bytes:
+        """``sg`` extracted as an ONNX model (named after the first plan position it had),
+        kept for other targets; the oldest forgotten past `MAX_MODEL_BYTES`."""
+        data = self._models.get(sg.mask)
+        if data is None:
+            data = sg.extract(name=f"{self.graph.name}_p{k:03d}").SerializeToString()
+            self._models[sg.mask] = data
+            while sum(map(len, self._models.values())) > MAX_MODEL_BYTES:
+                self._models.popitem(last=False)
+        return data
 
     def executor(self, parts: Sequence[Part], estimates: Sequence[float] | None = None
                  ) -> PlanExecutor:

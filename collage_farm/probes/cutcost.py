@@ -14,7 +14,9 @@ sizes, what the neighbour leaves in the caches), so it is measured per model:
 2. build, per target, the chain with every chunk on that target, and, per ordered pair of
    targets (A, B), the chain alternating A, B, A, ...; chains a target cannot run are skipped;
 3. run all chains interleaved (rounds of a few runs each, so the machine's drift hits every
-   chain alike), timing every chunk inside its running chain (`PlanExecutor.measure_in_chain`);
+   chain alike), timing every chunk inside its running chain (`PlanExecutor.measure_in_chain`;
+   each chain is first run once to warm it and once to prove it runs, and once more where that
+   run is shorter than a round, since it sizes the rounds);
    a probe with ``wholes`` (profile mode: its whole-model times are the time base every profile
    share is scaled to) gives each chain as many runs per round as fill ``min_round_s``, the
    round length of the never-worse run that times the plan (a 40 us model runs ~1,000 times,
@@ -142,7 +144,9 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
             parts = [Part(m, t) for m, t in zip(masks, ts)] if len(ts) == len(masks) \
                 else [Part(graph.all_mask, ts[0])]
             ex = builder.executor(parts)
-            first, _ = ex.measure_in_chain(1, warmup=2)  # binds, warms, proves it runs
+            first, _ = ex.measure_in_chain(1, warmup=1)  # binds, warms, proves it runs
+            if wholes and first[0] < WHOLES_MIN_ROUND_S:  # it sizes the rounds: warm it more
+                first, _ = ex.measure_in_chain(1)
             chains[label] = ex
             runs[label] = (_runs_to_fill(WHOLES_MIN_ROUND_S, first[0]) if wholes
                            else runs_per_round)

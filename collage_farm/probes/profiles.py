@@ -17,9 +17,11 @@ profile is a few ordinary builds of Vela's own split (`collage_farm.probes.board
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.subgraph import SubGraph
@@ -27,8 +29,14 @@ from collage_farm.core.target import Target
 from collage_farm.costtable import CostRow, CostTable
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from estimators.sources import CostStore, MeasurementService, Strictness
-from runners.base import BuildInput, MeasureRequest, Status
-from runners.profile import PROFILE_DETAIL, PROFILE_PREFIX, OperatorProfile, profile_config
+from runners.base import BuildInput, MeasureRequest, MeasureResult, Status
+from runners.profile import (
+    PROFILE_DETAIL,
+    PROFILE_PREFIX,
+    PROFILE_STEPS,
+    OperatorProfile,
+    profile_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +47,28 @@ __all__ = ["ProfileOutcome", "collect_profiles", "profile_fingerprint", "table_h
 class ProfileOutcome:
     """One target's profile of the model, or why there is none (``error``, one line).
 
-    ``cached``: read from the cost table; ``ran``: a profile request went to the farm now."""
+    ``cached``: read from the cost table; ``ran``: a profile request went to the farm now;
+    ``steps_s``: where the worker's seconds went (`runners.profile.PROFILE_STEPS`, plus
+    ``build_s``, the whole model's build) and ``wall_s``, the request's wall time on the farm
+    as the campaign saw it (transfers and queueing included); empty / 0 when not profiled now.
+    """
 
     target: str
     profile: OperatorProfile | None = None
     error: str = ""
     cached: bool = False
     ran: bool = False
+    steps_s: Mapping[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
 
     def to_json(self) -> dict:
         p = self.profile
         return {"method": p.method.value if p else None, "ratio": p.ratio if p else None,
                 "whole_s": p.whole_s if p else None, "groups": len(p.groups) if p else 0,
                 "cached": self.cached, "error": self.error or None,
-                "rejected": (p.rejected or None) if p else None}
+                "rejected": (p.rejected or None) if p else None,
+                **({"steps_s": dict(self.steps_s), "wall_s": round(self.wall_s, 3)}
+                   if self.ran else {})}
 
 
 def profile_fingerprint(graph: DataflowGraph) -> str:
@@ -98,16 +114,31 @@ def _lookup(table: CostTable, fp: str, targets: Sequence[Target],
             if (fp, t.measure_key) in hits}
 
 
+def _steps(res: MeasureResult) -> dict[str, float]:
+    """The worker's step times of a profile result (`PROFILE_STEPS`), its build's and its
+    whole measurement's seconds."""
+    try:
+        steps = {k: float(v) for k, v in json.loads(
+            str(dict(res.details).get(PROFILE_STEPS, "{}"))).items()}
+    except (ValueError, TypeError, AttributeError):
+        steps = {}
+    return {**steps, "build_s": round(res.build_s, 4), "measure_s": round(res.measure_s, 4)}
+
+
 def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
                      table: CostTable | None, farm: MeasurementService | None = None,
                      store: CostStore | None = None,
-                     strictness: Strictness = Strictness.EXACT) -> dict[str, ProfileOutcome]:
+                     strictness: Strictness = Strictness.EXACT,
+                     whole_model: Callable[[], bytes] | None = None
+                     ) -> dict[str, ProfileOutcome]:
     """Every live target's profile of ``graph`` (module docstring), by target id.
 
     Rows of ``table`` answer first (the device and toolchain version ``farm`` reports, under
     ``strictness``); the rest are profiled on ``farm`` and recorded in ``store``, when both
     are given, else they have none. Never raises for a profile run that fails: its outcome
-    carries the runner's error.
+    carries the runner's error. ``whole_model`` gives the whole model as ONNX bytes when a
+    profile request needs it (a campaign's plan builder has it extracted already; default:
+    extracted here).
     """
     live = [t for t in dict.fromkeys(targets) if t.toolchain not in SIMULATED_TOOLCHAINS]
     fp = profile_fingerprint(graph)
@@ -119,21 +150,27 @@ def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
         for t in todo:
             out[t.id] = ProfileOutcome(t.id, error="no profile row in the cost table")
         return out
-    data = SubGraph(graph, graph.all_mask).extract(f"{graph.name}_whole").SerializeToString()
+    data = whole_model() if whole_model is not None else SubGraph(
+        graph, graph.all_mask).extract(f"{graph.name}_whole").SerializeToString()
     reqs = [MeasureRequest(BuildInput(fp, t, data, (), f"{graph.name}:profile:{t.id}"),
                            profile_config()) for t in todo]
     by_key: Mapping[str, Target] = {t.measure_key: t for t in todo}
+    last = time.perf_counter()
     for res in farm.measure(reqs):
+        now = time.perf_counter()
+        wall, last = now - last, now  # one runner serves them in turn: time since the last
         t = by_key.get(res.target.measure_key)
         if t is None:
             continue
         store.record(res, model=graph.name, nodes=(), op_types=("profile",))
+        steps = _steps(res)
         if res.status is not Status.OK:
             out[t.id] = ProfileOutcome(t.id, error=f"profile run {res.status.value}: "
-                                       f"{' '.join(res.error.split())[:200]}", ran=True)
+                                       f"{' '.join(res.error.split())[:200]}", ran=True,
+                                       steps_s=steps, wall_s=wall)
             continue
         prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
-        out[t.id] = ProfileOutcome(t.id, prof, ran=True)
+        out[t.id] = ProfileOutcome(t.id, prof, ran=True, steps_s=steps, wall_s=wall)
     for t in todo:
         out.setdefault(t.id, ProfileOutcome(t.id, error="the farm returned no profile",
                                             ran=True))

@@ -10,10 +10,14 @@ from hypothesis import strategies as st
 from collage_farm import zoo
 from collage_farm.campaign import with_cut_costs
 from collage_farm.core.graph import load_graph
-from collage_farm.core.subgraph import iter_bits
+from collage_farm.core.subgraph import SubGraph, iter_bits
 from collage_farm.core.target import BUILTIN_TARGETS as T
+from collage_farm.core.target import parse_targets
 from collage_farm.core.transition import AnalyticTransitionModel, WithCutCosts
 from collage_farm.costtable import CostTable, CostTableWriter
+from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.execute.executor import PlanExecutor
+from collage_farm.probes import cutcost
 from collage_farm.probes.cutcost import (
     WHOLES_MIN_ROUND_S,
     cached_cut_costs,
@@ -21,6 +25,7 @@ from collage_farm.probes.cutcost import (
     cut_fingerprint,
     measure_cut_costs,
 )
+from collage_farm.zoo.source import load_source
 from tests.strategies import unary_chain
 
 
@@ -119,3 +124,46 @@ def test_cut_costs_land_in_the_cost_table_and_are_reused(tmp_path) -> None:
     assert offline is base and info is None  # 6 chunks by default: the table holds 3
     cached3, info3 = with_cut_costs(g, targets, base, None, measure=False)
     assert cached3 is base and info3 is None  # no table, no measuring: unchanged
+
+
+def test_plan_builder_extracts_a_node_set_once_for_every_target() -> None:
+    """The probe builds each chunk on every target: the node set is extracted once and its
+    bytes reused (same model, whichever target asks first)."""
+    graph = load_source("zoo:mnist")
+    calls: list[int] = []
+    extract = SubGraph.extract
+
+    def counting(self, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append(self.mask)
+        return extract(self, *a, **k)
+    SubGraph.extract = counting  # type: ignore[method-assign]
+    try:
+        b = PlanBuilder(graph)
+        ort, ov = parse_targets("ort-cpu,openvino-cpu")
+        half = (1 << (len(graph.nodes) // 2)) - 1
+        rest = graph.all_mask ^ half
+        b.executor([Part(half, ort), Part(rest, ort)])
+        b.executor([Part(half, ov), Part(rest, ov)])
+        b.executor([Part(graph.all_mask, ov)])
+    finally:
+        SubGraph.extract = extract  # type: ignore[method-assign]
+    assert sorted(calls) == sorted([half, rest, graph.all_mask])
+
+
+def test_a_chain_longer_than_a_round_is_warmed_once_before_its_rounds(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """One warm-up and one proving run per chain when the proving run fills a round (it
+    sizes nothing then); the rounds follow."""
+    graph = load_source("zoo:mnist")
+    runs: list[int] = []
+    real = PlanExecutor.measure_in_chain
+
+    def counting(self, n, *, warmup=0, feeds=None):  # type: ignore[no-untyped-def]
+        runs.append(n + warmup)
+        return real(self, n, warmup=warmup, feeds=feeds)
+    monkeypatch.setattr(PlanExecutor, "measure_in_chain", counting)
+    monkeypatch.setattr(cutcost, "WHOLES_MIN_ROUND_S", 0.0)  # every chain fills a round
+    ort, ov = parse_targets("ort-cpu,openvino-cpu")
+    cc = cutcost.measure_cut_costs(graph, [ort, ov], chunks=2, rounds=1, wholes=True)
+    chains = len(cc.chain_s)
+    assert chains == 6 and not cc.skipped  # 2 single-target, 2 wholes, 2 pairs
+    assert sum(runs) == chains * (2 + 1)  # warm-up + proving run, then one round of one

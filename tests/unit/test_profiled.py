@@ -208,8 +208,8 @@ def test_real_ort_profile_accounts_for_every_node(mnist) -> None:  # type: ignor
 class _LyingProfiler(OrtTraceProfiler):
     """A real ORT profile whose kernel times are reported 3x."""
 
-    def profile(self, build, onnx_bytes, config, runs):  # type: ignore[no-untyped-def]
-        p = super().profile(build, onnx_bytes, config, runs)
+    def profile(self, build, onnx_bytes, config, runs, between=None):  # type: ignore[no-untyped-def]
+        p = super().profile(build, onnx_bytes, config, runs, between)
         return dataclasses.replace(p, groups=tuple((n, 3 * s) for n, s in p.groups))
 
 

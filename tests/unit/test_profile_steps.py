@@ -1,0 +1,241 @@
+"""What a profile run costs on the worker: the prefix profiler readies each prefix once (no
+compile per round), a prefix-profiled toolchain (LiteRT) times no separate whole model, the
+unprofiled whole model is timed between the profiled runs, artifact digests are remembered,
+and the steps' seconds reach the campaign's outcome."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.target import parse_targets
+from collage_farm.costtable import TableStore
+from collage_farm.execute.builder import PlanBuilder
+from collage_farm.probes.profiles import (
+    ProfileOutcome,
+    _steps,
+    collect_profiles,
+    profile_fingerprint,
+)
+from collage_farm.zoo.source import load_source
+from estimators.sources import MeasurementService
+from runners.base import (
+    BuildInput,
+    Kind,
+    MeasureConfig,
+    MeasureInput,
+    MeasureRequest,
+    MeasureResult,
+    Status,
+)
+from runners.onnx_base import DigestMemo
+from runners.ort import OrtCpuToolchain
+from runners.profile import (
+    PROFILE_DETAIL,
+    PROFILE_STEPS,
+    OnnxTopology,
+    OperatorProfile,
+    PrefixProfiler,
+    ProfileMethod,
+    profile_config,
+    profile_measure,
+    thin_cuts,
+)
+from runners.profilers import OrtTraceProfiler
+from runners.registry import get_toolchain
+
+ORT, LITERT = parse_targets("ort-cpu,litert-cpu")
+
+
+@pytest.fixture(scope="module")
+def mnist():  # type: ignore[no-untyped-def]
+    graph = load_source("zoo:mnist")
+    data = SubGraph(graph, graph.all_mask).extract("mnist_whole").SerializeToString()
+    return graph, data
+
+
+class _CountingOrt(OrtCpuToolchain):
+    """ONNX Runtime counting its session compiles and measure calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compiles = 0
+        self.configs: list[MeasureConfig] = []
+
+    def _compile(self, onnx_bytes, target, threads):  # type: ignore[no-untyped-def]
+        self.compiles += 1
+        return super()._compile(onnx_bytes, target, threads)
+
+    def measure(self, inp: MeasureInput) -> MeasureResult:
+        self.configs.append(inp.config)
+        return super().measure(inp)
+
+
+def test_prefix_profiler_compiles_each_prefix_once(mnist) -> None:  # type: ignore[no-untyped-def]
+    """ONNX Runtime caches one session: the rounds time the readied prefixes (before, every
+    round compiled every prefix again), and the steps say what was built and timed."""
+    graph, data = mnist
+    tc = _CountingOrt()
+    b = tc.build(BuildInput(profile_fingerprint(graph), ORT, data))
+    tc.compiles = 0
+    cfg = MeasureConfig(mode="warm", rounds=4, min_round_runs=2)
+    pp = PrefixProfiler(tc)
+    prof = pp.profile(b, data, cfg, 10)
+    cuts = thin_cuts(OnnxTopology.of(data), pp.segments)
+    assert len(cuts) >= 2 and prof.method is ProfileMethod.PREFIXES
+    # each prefix once, the whole model once more (the prefixes evicted it from the cache)
+    assert tc.compiles == len(cuts) + 1
+    assert tc.configs == []  # timed through `timer`, not one `measure` per round
+    assert len(pp.whole_samples) == cfg.rounds and all(x > 0 for x in pp.whole_samples)
+    assert pp.steps["prefix_builds"] == len(cuts)
+    assert 0 < pp.steps["prefix_build_s"] <= pp.steps["prefixes_s"]
+    assert 0 < pp.steps["prefix_timing_s"] <= pp.steps["prefixes_s"]
+    assert prof.profiled_total_s == pytest.approx(max(pp.whole_samples), rel=1.0)
+
+
+def test_unprofiled_rounds_interleave_with_the_profiled_runs(mnist) -> None:  # type: ignore[no-untyped-def]
+    """One unprofiled round before each profiled run (after the warm-ups), readied once (no
+    `measure` call, no compile), and they are the result's samples; the steps land in the
+    result's details."""
+    graph, data = mnist
+    tc = _CountingOrt()
+    b = tc.build(BuildInput(profile_fingerprint(graph), ORT, data))
+    order: list[str] = []
+    real = OrtTraceProfiler(tc)
+
+    class Spy(OrtTraceProfiler):
+        def profile(self, build, onnx_bytes, config, runs, between=None):  # type: ignore[no-untyped-def]
+            def spied() -> None:
+                order.append("unprofiled")
+                assert between is not None
+                between()
+            return real.profile(build, onnx_bytes, config, runs, spied)
+
+    tc.profiler = lambda: Spy(tc)  # type: ignore[method-assign]
+    res = profile_measure(tc, MeasureInput(b, profile_config(rounds=2, runs=7)), data)
+    assert res.ok and res.kind is Kind.PROFILED, res.error
+    assert order == ["unprofiled"] * 7 and len(res.samples) == 7
+    assert tc.configs == []  # nothing through `measure`
+    steps = json.loads(str(dict(res.details)[PROFILE_STEPS]))
+    assert 0 < steps["unprofiled_s"] < steps["profiler_s"]
+    prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
+    if prof.method is ProfileMethod.ORT_TRACE:
+        assert prof.whole_s == pytest.approx(res.seconds)
+    else:  # the trace was not trusted (a loaded host): prefixes, built once each
+        assert steps["prefix_builds"] >= 1
+    got = _steps(res)
+    assert got["unprofiled_s"] == steps["unprofiled_s"] and got["measure_s"] > 0
+
+
+def test_litert_profile_times_no_separate_whole_model(mnist) -> None:  # type: ignore[no-untyped-def]
+    """LiteRT's profiler is the prefix profiler: the whole model is its last prefix, timed in
+    the same rounds, and those samples are the result's; no separate whole-model timing."""
+    graph, data = mnist
+    tc = get_toolchain("litert")
+    if tc.available() is not None:
+        pytest.skip(f"litert unavailable: {tc.available()}")
+    b = tc.build(BuildInput(profile_fingerprint(graph), LITERT, data))
+    calls: list[MeasureConfig] = []
+    measure = tc.measure
+
+    def counting(inp: MeasureInput) -> MeasureResult:
+        calls.append(inp.config)
+        return measure(inp)
+    tc.measure = counting  # type: ignore[method-assign]
+    try:
+        res = profile_measure(tc, MeasureInput(b, profile_config(rounds=3, runs=10)), data)
+    finally:
+        del tc.measure
+    assert res.ok and res.kind is Kind.PROFILED, res.error
+    assert calls == []  # every timing through `timer`: readied once per prefix
+    assert len(res.samples) == 3  # one per interleaved round
+    prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
+    assert prof.method is ProfileMethod.PREFIXES and not prof.rejected
+    assert prof.whole_s == pytest.approx(prof.profiled_total_s)
+    steps = json.loads(str(dict(res.details)[PROFILE_STEPS]))
+    assert "unprofiled_s" not in steps and steps["prefix_builds"] >= 1
+
+
+def test_digest_memo_hashes_each_bytes_object_once() -> None:
+    memo = DigestMemo(limit=2, max_bytes=10)
+    a, b, c = b"aaaa", b"bbbb", b"cccccccc"
+    assert memo(a) == memo(a) and len(memo) == 1
+    assert memo(b) != memo(a) and len(memo) == 2
+    assert memo(c) and len(memo) == 1  # past the bytes bound: forgotten, then remembered
+    assert memo(bytes(a)) == memo(a)  # equal bytes, another object: the same digest
+
+
+def test_outcome_json_carries_the_steps_of_a_run() -> None:
+    prof = OperatorProfile(ProfileMethod.PREFIXES, ((("a",), 1e-3),), whole_s=1e-3)
+    ran = ProfileOutcome("ort-cpu", prof, ran=True, steps_s={"profiler_s": 0.5}, wall_s=2.0)
+    assert ran.to_json()["steps_s"] == {"profiler_s": 0.5} and ran.to_json()["wall_s"] == 2.0
+    assert "steps_s" not in ProfileOutcome("ort-cpu", prof, cached=True).to_json()
+    failed = MeasureResult.failed(BuildInput("f", ORT, b""), Status.RUNTIME_ERROR, "x",
+                                  MeasureConfig(), build_s=1.5)
+    assert _steps(failed) == {"build_s": 1.5, "measure_s": 0.0}
+
+
+def test_a_profiler_that_fails_at_once_still_gets_an_unprofiled_timing(mnist) -> None:  # type: ignore[no-untyped-def]
+    """No profiled run, so no interleaved round: the whole model is timed on its own (the
+    request's rounds) and the prefix profile stands in, saying why."""
+    graph, data = mnist
+    tc = _CountingOrt()
+    b = tc.build(BuildInput(profile_fingerprint(graph), ORT, data))
+
+    class Failing(OrtTraceProfiler):
+        def profile(self, build, onnx_bytes, config, runs, between=None):  # type: ignore[no-untyped-def]
+            raise RuntimeError("no trace")
+
+    tc.profiler = lambda: Failing(tc)  # type: ignore[method-assign]
+    res = profile_measure(tc, MeasureInput(b, profile_config(rounds=3, runs=5)), data)
+    assert res.ok and len(res.samples) >= 3
+    prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
+    assert prof.method is ProfileMethod.PREFIXES
+    assert prof.rejected == "profiler ort-trace failed: RuntimeError: no trace"
+
+
+class _InProcessFarm(MeasurementService):
+    """The worker's answer to each request, given in this process (`profile_measure`), and
+    the requests it saw."""
+
+    def __init__(self) -> None:
+        self.tc = OrtCpuToolchain()
+        self.requests: list[MeasureRequest] = []
+
+    def measure(self, requests):  # type: ignore[no-untyped-def]
+        for r in requests:
+            self.requests.append(r)
+            b = self.tc.build(r.build)
+            yield profile_measure(self.tc, MeasureInput(b, r.config), r.build.onnx_bytes)
+
+    def describe(self, target):  # type: ignore[no-untyped-def]
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_profile_requests_send_the_whole_model_the_campaign_gave(mnist, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The campaign's plan builder has the whole model extracted already (the cut-cost probe
+    built it): the profile request sends those bytes, and the outcome carries the steps."""
+    graph, _ = mnist
+    builder = PlanBuilder(graph)
+    asked: list[int] = []
+
+    def whole() -> bytes:
+        asked.append(1)
+        return builder.model_bytes(graph.all_mask)
+    farm = _InProcessFarm()
+    store = TableStore(tmp_path / "costs", campaign_id="c")
+    try:
+        out = collect_profiles(graph, [ORT], table=None, farm=farm, store=store,
+                               whole_model=whole)
+    finally:
+        store.close()
+    assert asked == [1] and len(farm.requests) == 1
+    assert farm.requests[0].build.onnx_bytes is builder.model_bytes(graph.all_mask)
+    o = out[ORT.id]
+    assert o.ran and o.profile is not None, o.error
+    assert o.wall_s > 0 and o.steps_s["profiler_s"] > 0 and "build_s" in o.steps_s
