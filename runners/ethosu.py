@@ -135,6 +135,7 @@ VELA_TFLITE_OPS: frozenset[str] = frozenset("""
 #: ONNX op -> TFLite operators the converter may emit for it (all must be in VELA_TFLITE_OPS)
 ONNX_TO_TFLITE: dict[str, tuple[str, ...]] = {
     "Conv": ("CONV_2D", "DEPTHWISE_CONV_2D", "PAD"),
+    "BatchNormalization": ("DEPTHWISE_CONV_2D",),  # int8: 1x1, or folded into its Conv
     "MaxPool": ("MAX_POOL_2D", "PADV2"),
     "AveragePool": ("AVERAGE_POOL_2D", "PAD"),
     "GlobalAveragePool": ("MEAN",),

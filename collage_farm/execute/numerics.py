@@ -15,7 +15,10 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
 - int8 with known output ranges (a plan's Ethos-U NPU and Cortex-M host partitions, built as
   int8 TFLite with the whole model's calibrated ranges): ``|got - ref| <= INT8_STEPS x step``,
   ``step = (max(hi, 0) - min(lo, 0)) / 255`` the int8 quantisation step of the output's
-  calibrated range (`int8_step`). Why steps: the output is itself an int8 tensor, so rounding
+  calibrated range (`int8_step`), or the fixed scale the int8 kernel gives the output
+  when that is coarser (a Sigmoid or Softmax computed in an int8 partition: 1/256; a
+  probability map whose calibrated range is [0, 0.32] has a range step of 1/797, a third of
+  what its int8 tensor can resolve). Why steps: the output is itself an int8 tensor, so rounding
   it alone costs half a step, and every int8 tensor before it adds its own rounding, carried
   forward by the layers after it. Measured (``bench/int8_check.py``) with the reference kernels
   (`runners.runtime_sim`), whole-model ranges and 8 random calibration samples, on two feeds
@@ -83,9 +86,12 @@ PRECISIONS: dict[str, tuple[float, float, bool]] = {
 INT8_STEPS = 12.0
 
 
-def int8_step(lo: float, hi: float) -> float:
-    """The int8 quantisation step of a calibrated range (which always includes 0)."""
-    return (max(hi, 0.0) - min(lo, 0.0)) / 255.0
+def int8_step(lo: float, hi: float, pinned: float = 0.0) -> float:
+    """The int8 quantisation step of a calibrated range (which always includes 0), or the
+    ``pinned`` scale of an output whose int8 kernel fixes it (a Sigmoid's or Softmax's 1/256,
+    `runners.tflite.PINNED_SCALES`) when that is coarser: the int8 tensor carrying such an
+    output cannot resolve less than its fixed scale, whatever range calibration saw."""
+    return max((max(hi, 0.0) - min(lo, 0.0)) / 255.0, pinned)
 
 
 def loosest(precisions: Sequence[str]) -> str:

@@ -64,7 +64,7 @@ The modules, in the order a conversion uses them:
 from __future__ import annotations
 
 from runners.tflite.converter import convert
-from runners.tflite.quant import act_qparams
+from runners.tflite.quant import PINNED_SCALES, act_qparams
 from runners.tflite.result import (
     CONVERTER_REVISION,
     ConversionError,
@@ -78,6 +78,7 @@ from runners.tflite.support import SUPPORTED_OPS, SUPPORTED_OPS_FP32, convertibl
 
 __all__ = [
     "CONVERTER_REVISION",
+    "PINNED_SCALES",
     "SUPPORTED_OPS",
     "SUPPORTED_OPS_FP32",
     "ConversionError",

@@ -14,6 +14,7 @@ from runners.tflite.ir import _act_enum
 from runners.tflite.layout import _NHWC_AXIS, _conv_weights, _layout_noop, _nhwc, _nhwc_const
 from runners.tflite.lower_fp32 import _Fp32Lowering
 from runners.tflite.params import (
+    _bn_scale_shift,
     _clip_bounds,
     _fused_act_code,
     _pool_geometry,
@@ -60,6 +61,10 @@ class _Lowering(_Fp32Lowering):
             if n.index in self.fusion.gelu_of:
                 self._emit_gelu(n, out, nodes)
                 continue
+            if n.index in self.fusion.hardswish_of:  # x * Clip(x + 3, 0, 6) / 6
+                y = self.new_act(out, g.tensors[out].shape)
+                self.op("HARD_SWISH", [self.act(self.fusion.hardswish_of[n.index])], [y], nodes)
+                continue
             getattr(self, f"_emit_{n.op_type.lower()}")(n, out, nodes, act or "NONE")
         for o in g.graph_outputs:
             if o not in self.by_name:
@@ -74,12 +79,10 @@ class _Lowering(_Fp32Lowering):
         bias = np.zeros(o_ch, np.float32)
         if len(n.inputs) > 2 and n.inputs[2]:
             bias = bias + _init_array(g, n.inputs[2]).astype(np.float32).reshape(-1)  # type: ignore[union-attr]
-        if n.index in self.fusion.bn_of:  # BatchNormalization folded into the weights and bias
+        if n.index in self.fusion.bn_of:  # BN / Mul / Add folded into the weights and bias
             scale, shift = self.fusion.bn_of[n.index]
             w = w * scale.reshape(-1, 1, 1, 1)
             bias = bias * scale + shift
-        if n.index in self.fusion.bias_of:
-            bias = bias + self.fusion.bias_of[n.index]
         group = int(_attr(n, "group", 1))  # type: ignore[arg-type]
         d = _ints(_attr(n, "dilations"), (1, 1))
         s = _ints(_attr(n, "strides"), (1, 1))
@@ -101,6 +104,23 @@ class _Lowering(_Fp32Lowering):
             opts["DepthMultiplier"] = o_ch // x_shape[1]
         self.op("DEPTHWISE_CONV_2D" if depthwise else "CONV_2D", [x, wid, bid], [y], nodes,
                 opts, macs)
+
+    def _emit_batchnormalization(self, n: Node, out: str, nodes: tuple[str, ...],
+                                 act: str) -> None:
+        """int8: a 1x1 DEPTHWISE_CONV_2D (the per-channel scale as per-channel int8 weights,
+        the shift as its int32 bias: no per-tensor constant); fp32: MUL and ADD."""
+        if self.mode == "fp32":
+            super()._emit_batchnormalization(n, out, nodes, act)
+            return
+        scale, shift = _bn_scale_shift(n, self.g)
+        x = self.act(n.inputs[0])
+        y = self.new_act(out, self.g.tensors[out].shape)
+        wid = self.const(f"{n.name}/weights", scale.reshape(1, 1, 1, -1), "weight", axis=3)
+        bid = self.const(f"{n.name}/bias", shift, "bias", refs=(x, wid))
+        self.op("DEPTHWISE_CONV_2D", [x, wid, bid], [y], nodes,
+                {"Padding": 1, "StrideW": 1, "StrideH": 1, "DepthMultiplier": 1,
+                 "FusedActivationFunction": _act_enum(act), "DilationWFactor": 1,
+                 "DilationHFactor": 1}, int(np.prod(self.g.tensors[out].shape)))
 
     def _pad(self, x: int, explicit: tuple, n: Node, code: str) -> int:
         (pt, pb), (pl, pr) = explicit
