@@ -119,7 +119,8 @@ def tolerance_label(precision: str, steps: Mapping[str, float] | None = None) ->
     """``precision``'s tolerance in words; with ``steps`` (int8 outputs' quantisation steps)
     the int8 tolerance in steps."""
     if precision == "int8" and steps:
-        return (f"int8 ({INT8_STEPS:g} int8 steps of each output's calibrated range: "
+        return (f"int8 ({INT8_STEPS:g} int8 steps of each output's calibrated range, or of "
+                "its pinned int8 scale where coarser: "
                 + ", ".join(f"{k} atol={INT8_STEPS * v:.3g}" for k, v in steps.items()) + ")")
     rtol, atol, rel = PRECISIONS.get(precision, PRECISIONS["fp16"])
     return f"{precision} (rtol={rtol:g}, atol={atol:g}{'*max|ref|' if rel else ''})"
@@ -222,7 +223,7 @@ def compare_outputs(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]
         label = f"{precision} tolerance rtol={rtol:g}, atol={atol:.3g}"
         if precision == "int8" and steps and name in steps:
             rtol, atol = 0.0, INT8_STEPS * steps[name]
-            label = (f"int8 tolerance {INT8_STEPS:g} steps of the output's calibrated range: "
+            label = (f"int8 tolerance {INT8_STEPS:g} steps of the output's int8 step: "
                      f"atol={atol:.3g}, max abs error = {max_abs / steps[name]:.1f} steps")
         nan_differs = bool(np.isnan(g64).any() != np.isnan(r64).any())
         if nan_differs or not np.all(diff <= atol + rtol * np.abs(r64)):

@@ -1,7 +1,8 @@
 """Graph simplification before lowering: what folds into the op before it, and fused activations.
 
 Fusions that do not change results are planned over the whole graph before any op is emitted:
-a per-channel constant ``Add`` after Gemm / MatMul folds into the bias; after a Conv, any chain
+a per-channel constant ``Add`` after Gemm / MatMul folds into the bias; after a Conv or a
+ConvTranspose, any chain
 of BatchNormalization, per-channel constant ``Mul`` and per-channel constant ``Add`` folds into
 its weights and bias (one per-channel affine map, in both modes); the HardSwish pattern
 ``x * Clip(x + 3, 0, 6) / 6`` becomes one HARD_SWISH; in fp32 an exact-GELU pattern
@@ -40,9 +41,10 @@ class FusionPlan:
     bias Add or the rest of a GELU pattern; the activation node fused into it, or None).
     ``absorbed``: the indices of every node folded into another (they emit nothing).
     ``bias_of`` / ``bn_of`` / ``gelu_of``: the folded bias vector (Gemm / MatMul), the
-    per-channel affine map (scale, shift) applied to a Conv's output (its BatchNormalization,
-    constant Mul and Add folds composed), and the GELU input tensor of the node that absorbs
-    them. ``hardswish_of``: the input tensor of a HardSwish pattern, by its first node.
+    per-channel affine map (scale, shift) applied to a Conv's or ConvTranspose's output (its
+    BatchNormalization, constant Mul and Add folds composed), and the GELU input tensor of the
+    node that absorbs them. ``hardswish_of``: the input tensor of a HardSwish pattern, by its
+    first node.
     """
 
     fused: dict[int, tuple[tuple[Node, ...], Node | None]]
@@ -128,7 +130,7 @@ class _FusionPlanner:
                     absorbed.update(x.index for x in chain[1])
                     plan[n.index] = (chain[1], None)
                     continue
-            if n.op_type == "Conv":
+            if n.op_type in ("Conv", "ConvTranspose"):
                 out = self._fold_affine(n, fused, absorbed)
             dense = n.op_type in ("Conv", "Gemm") or (
                 n.op_type == "MatMul" and _is_const(g, n.inputs[1]))
@@ -158,7 +160,8 @@ class _FusionPlanner:
 
     def _fold_affine(self, conv: Node, fused: list[Node], absorbed: set[int]) -> str:
         """Folds the chain of BatchNormalization / per-channel constant Mul / Add after
-        ``conv`` into ``bn_of`` (one composed (scale, shift)); the chain's last output."""
+        ``conv`` (a Conv or ConvTranspose: output channels on axis 1) into ``bn_of`` (one
+        composed (scale, shift)); the chain's last output."""
         g, out = self.g, conv.outputs[0]
         shape = g.tensors[out].shape
         scale = np.ones(shape[1], np.float32)

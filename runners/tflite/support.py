@@ -383,7 +383,7 @@ def _check_erf(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | No
 
 #: mapped in fp32 only: no int8 emission is written and tested for these (Ethos-U keeps its set)
 _FP32_ONLY = frozenset({
-    "HardSigmoid", "Resize", "ConvTranspose", "Transpose", "ReduceMean",
+    "Transpose", "ReduceMean",
     "ReduceMax", "ReduceSum", "Pow", "Sqrt", "Slice", "Cast", "Gather", "Split",
     "LayerNormalization", "Erf", "Equal", "Max", "Min", "Exp", "Reciprocal",
 })
