@@ -177,7 +177,11 @@ MAX_MEAN_AXIS = 4096  # "Reduced axis must be less than 4096"; 4096 itself compi
 MAX_MEAN_ELEMENTS = 16777216  # "Amount of reduced elements cannot exceed: 16777216(Int8)"
 MAX_TRANSPOSE_DIM = 65536  # "(H, W, C) <= (2^16, 2^16, 2^16)" for NCHW-type permutations
 
-CONVERTER_VERSION = "tflite_convert/1"
+#: the int8 converter's tag in the toolchain version (cost-table rows of another are not reused);
+#: bumped when the int8 TFLite written for a sub-graph changes (2: BatchNormalization / Mul / Add
+#: folded into Conv and ConvTranspose, HARD_SWISH, int8 BatchNormalization, HardSigmoid, Resize
+#: and ConvTranspose)
+CONVERTER_VERSION = "tflite_convert/2"
 
 
 # ----------------------------------------------------------------------------------------
