@@ -94,7 +94,7 @@ from runners.tflite import convertible
 from runners.tflite.attrs import _attr, _ints
 from runners.tflite.fold import _folded, _init_array
 from runners.tflite.layout import _layout_noop
-from runners.tflite.params import _pool_geometry, _resolve_pads
+from runners.tflite.params import _pool_geometry, _resize_params, _resolve_pads
 from runners.vela_estimate import (
     HOST_MODEL,
     HostModel,
@@ -135,6 +135,7 @@ VELA_TFLITE_OPS: frozenset[str] = frozenset("""
 #: ONNX op -> TFLite operators the converter may emit for it (all must be in VELA_TFLITE_OPS)
 ONNX_TO_TFLITE: dict[str, tuple[str, ...]] = {
     "Conv": ("CONV_2D", "DEPTHWISE_CONV_2D", "PAD"),
+    "BatchNormalization": ("DEPTHWISE_CONV_2D",),  # int8: 1x1, or folded into its Conv
     "MaxPool": ("MAX_POOL_2D", "PADV2"),
     "AveragePool": ("AVERAGE_POOL_2D", "PAD"),
     "GlobalAveragePool": ("MEAN",),
@@ -159,6 +160,9 @@ ONNX_TO_TFLITE: dict[str, tuple[str, ...]] = {
     "Tanh": ("TANH",),
     "LeakyRelu": ("LEAKY_RELU",),
     "HardSwish": ("HARD_SWISH",),
+    "HardSigmoid": ("MUL", "ADD"),
+    "Resize": ("RESIZE_NEAREST_NEIGHBOR", "RESIZE_BILINEAR"),
+    "ConvTranspose": ("TRANSPOSE_CONV",),
     "Pad": ("PAD",),
 }
 
@@ -173,7 +177,11 @@ MAX_MEAN_AXIS = 4096  # "Reduced axis must be less than 4096"; 4096 itself compi
 MAX_MEAN_ELEMENTS = 16777216  # "Amount of reduced elements cannot exceed: 16777216(Int8)"
 MAX_TRANSPOSE_DIM = 65536  # "(H, W, C) <= (2^16, 2^16, 2^16)" for NCHW-type permutations
 
-CONVERTER_VERSION = "tflite_convert/1"
+#: the int8 converter's tag in the toolchain version (cost-table rows of another are not reused);
+#: bumped when the int8 TFLite written for a sub-graph changes (2: BatchNormalization / Mul / Add
+#: folded into Conv and ConvTranspose, HARD_SWISH, int8 BatchNormalization, HardSigmoid, Resize
+#: and ConvTranspose)
+CONVERTER_VERSION = "tflite_convert/2"
 
 
 # ----------------------------------------------------------------------------------------
@@ -232,6 +240,41 @@ def _conv_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | No
     if max(s) > MAX_STRIDE and (padding != "VALID" or max(d) != 1) and family != "u85":
         return f"stride {s} > {MAX_STRIDE} needs dilation 1 and VALID padding on the NPU"
     return _weight_sum_why(graph, node.inputs[1], 0)
+
+
+def _resize_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
+    """Vela's RESIZE rule: a 1x1 input, no change, or one 2x / 4x / 8x factor on H and W
+    (on (size - 1) with align_corners); a 1-high or 1-wide output may scale the other axis
+    alone."""
+    _, _, ih, iw = _shape(graph, node.inputs[0])
+    _, _, oh, ow = _shape(graph, node.outputs[0])
+    if (ih == iw == 1) or (ih, iw) == (oh, ow):
+        return None
+    align = _resize_params(node, graph)[1]
+    fh = (oh - 1) / (ih - 1) if align and ih != 1 else (1.0 if align else oh / ih)
+    fw = (ow - 1) / (iw - 1) if align and iw != 1 else (1.0 if align else ow / iw)
+    ok = fh in (1.0, 2.0, 4.0, 8.0) and fw in (1.0, 2.0, 4.0, 8.0) and (
+        fh == fw if oh != 1 and ow != 1 else (fh == ih == 1) or (fw == iw == 1))
+    return None if ok else (f"resize {ih}x{iw} -> {oh}x{ow} is not a 1x1 input or one "
+                            "2x / 4x / 8x factor")
+
+
+def _convtranspose_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
+    """Vela's TRANSPOSE_CONV rules: stride 1x1 or 2x2 (2x1 for a 1-high input and kernel);
+    SAME: output = input x stride; VALID: output = input x stride + max(kernel - stride, 0)."""
+    _, _, ih, iw = _shape(graph, node.inputs[0])
+    _, _, oh, ow = _shape(graph, node.outputs[0])
+    kh, kw = tuple(graph.initializers[node.inputs[1]].dims)[2:]
+    sh, sw = _ints(_attr(node, "strides"), (1, 1))
+    if not ((sh, sw) in ((1, 1), (2, 2)) or ((sw, sh) == (2, 1) and ih == kh == 1)):
+        return f"transposed convolution stride {(sh, sw)} (Vela: 1x1, 2x2)"
+    if any(_ints(_attr(node, "pads"), (0, 0, 0, 0))):  # written with SAME padding
+        ok = (oh, ow) == (ih * sh, iw * sw)
+    else:
+        ok = (oh, ow) == (ih * sh + max(kh - sh, 0), iw * sw + max(kw - sw, 0))
+    if not ok:
+        return f"transposed convolution output {(oh, ow)} is not Vela's for input {(ih, iw)}"
+    return _weight_sum_why(graph, node.inputs[1], 1)
 
 
 def _pool_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
@@ -295,6 +338,8 @@ _VELA_CHECKS = {
     "Softmax": _softmax_why,
     "GlobalAveragePool": _global_pool_why,
     "GlobalMaxPool": _global_pool_why,
+    "Resize": _resize_why,
+    "ConvTranspose": _convtranspose_why,
     "Reshape": _reshape_why,
     "Flatten": _reshape_why,
     "Squeeze": _reshape_why,

@@ -9,7 +9,8 @@ loss.
 A plan with int8 partitions (an Ethos-U NPU, its Cortex-M host) is checked with those
 partitions built as the campaign costed them: quantised with the source model's ranges,
 calibrated whole on the samples plan.json's ``int8_calibration`` names (``--calibration-data``
-overrides it), and held to a tolerance in int8 steps of each output's calibrated range
+overrides it), and held to a tolerance in int8 steps of each output's calibrated range, or of
+the fixed int8 scale of a Sigmoid / Softmax / Tanh output where that is coarser
 (`collage_farm.execute.numerics`). With the user's calibration data the check runs on its first
 sample, else on seeded random feeds.
 """

@@ -68,6 +68,7 @@ from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.measure import time_callable
 from runners.registry import get_toolchain
 from runners.runtime import PartitionRuntime, RuntimeInput
+from runners.tflite import PINNED_SCALES
 
 __all__ = ["CALIBRATION_KEY", "PlanExecutor", "Timing", "make_runtime"]
 
@@ -171,10 +172,15 @@ class PlanExecutor:
         self.calibration: CalibrationData | None = None
         #: the whole model's ranges those partitions are quantised with (empty: none)
         self.tensor_ranges: dict[str, tuple[float, float]] = {}
+        #: the ONNX op producing each graph output (int8 plans: pinned output scales)
+        self._output_ops: dict[str, str] = {}
         if specs_error is None and any(tc in INT8_TOOLCHAINS for tc in toolchains.values()):
             self.calibration = calibration or CalibrationData.from_json(
                 self.plan.extra.get(CALIBRATION_KEY))
             self.tensor_ranges = self.whole_model_ranges(self.calibration)
+            outs = set(self.plan.graph_outputs)
+            self._output_ops = {o: n.op_type for n in self.reference().graph.node
+                                for o in n.output if o in outs}
         for p in self.plan.partitions:
             self.partitions.append(self._runtime(p, toolchains[p.id], datas[p.id]))
         if specs_error is not None:
@@ -246,6 +252,7 @@ class PlanExecutor:
         self._quantized = quantized(self.model_arg)
         self.calibration = None
         self.tensor_ranges = {}
+        self._output_ops = {}
         self._buffers = None
         self._shapes_bound = {}
         self._keep = []
@@ -358,11 +365,15 @@ class PlanExecutor:
     def int8_steps(self) -> dict[str, float]:
         """The graph outputs' int8 quantisation steps, for a plan whose int8 partitions are
         built with the whole model's ranges (empty otherwise, and for a model that quantizes
-        itself: its own rounding is not in those ranges)."""
+        itself: its own rounding is not in those ranges). An output that an int8 partition
+        computes with a pinned scale (Sigmoid, Softmax, Tanh: `PINNED_SCALES`) has at least
+        that step; an output of a partition that ran in fp32 has its range's step."""
         if not self.tensor_ranges or self._quantized:
             return {}
-        return {n: int8_step(*self.tensor_ranges[n]) for n in self.plan.graph_outputs
-                if n in self.tensor_ranges}
+        int8_out = {o for rt in self.partitions if rt.precision == "int8" for o in rt.outputs}
+        return {n: int8_step(*self.tensor_ranges[n], PINNED_SCALES.get(
+                    self._output_ops.get(n, ""), 0.0) if n in int8_out else 0.0)
+                for n in self.plan.graph_outputs if n in self.tensor_ranges}
 
     @property
     def tolerance(self) -> str:

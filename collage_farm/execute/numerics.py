@@ -15,7 +15,10 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
 - int8 with known output ranges (a plan's Ethos-U NPU and Cortex-M host partitions, built as
   int8 TFLite with the whole model's calibrated ranges): ``|got - ref| <= INT8_STEPS x step``,
   ``step = (max(hi, 0) - min(lo, 0)) / 255`` the int8 quantisation step of the output's
-  calibrated range (`int8_step`). Why steps: the output is itself an int8 tensor, so rounding
+  calibrated range (`int8_step`), or the fixed scale the int8 kernel gives the output
+  when that is coarser (a Sigmoid or Softmax computed in an int8 partition: 1/256; a
+  probability map whose calibrated range is [0, 0.32] has a range step of 1/797, a third of
+  what its int8 tensor can resolve). Why steps: the output is itself an int8 tensor, so rounding
   it alone costs half a step, and every int8 tensor before it adds its own rounding, carried
   forward by the layers after it. Measured (``bench/int8_check.py``) with the reference kernels
   (`runners.runtime_sim`), whole-model ranges and 8 random calibration samples, on two feeds
@@ -25,7 +28,10 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
   plan a campaign wrote for it; 8.1 for the pooler output of a two-layer BERT (a Tanh of a
   wide-range Gemm: the Gemm's coarser step, carried through the Tanh's slope of up to 1, is
   several steps of the Tanh's narrow output range), on every Ethos-U board
-  (``bench/ethos_u.py``, its ``run`` column). 12 steps leaves half again the largest of those;
+  (``bench/ethos_u.py``, its ``run`` column); PP-OCRv4 det's probability map (a Sigmoid,
+  calibrated range [0, 0.324]): 9.5 steps of its 1/256 int8 scale, 29 of its range, where
+  ONNX Runtime with every tensor fake-quantised per tensor (fp32 weights) is already 16.6 of
+  its range. 12 steps leaves half again the largest of the others;
   a wrong wiring, a swapped or stale partition or a miscalibrated tensor (GPT-2's attention
   mask quantised over [-10000, 4]: 47-52 steps; a partition calibrated on one sample and fed
   another: 14-16) lands beyond it, the last by a thin margin;
@@ -83,9 +89,12 @@ PRECISIONS: dict[str, tuple[float, float, bool]] = {
 INT8_STEPS = 12.0
 
 
-def int8_step(lo: float, hi: float) -> float:
-    """The int8 quantisation step of a calibrated range (which always includes 0)."""
-    return (max(hi, 0.0) - min(lo, 0.0)) / 255.0
+def int8_step(lo: float, hi: float, pinned: float = 0.0) -> float:
+    """The int8 quantisation step of a calibrated range (which always includes 0), or the
+    ``pinned`` scale of an output whose int8 kernel fixes it (a Sigmoid's or Softmax's 1/256,
+    `runners.tflite.PINNED_SCALES`) when that is coarser: the int8 tensor carrying such an
+    output cannot resolve less than its fixed scale, whatever range calibration saw."""
+    return max((max(hi, 0.0) - min(lo, 0.0)) / 255.0, pinned)
 
 
 def loosest(precisions: Sequence[str]) -> str:
@@ -113,7 +122,8 @@ def tolerance_label(precision: str, steps: Mapping[str, float] | None = None) ->
     """``precision``'s tolerance in words; with ``steps`` (int8 outputs' quantisation steps)
     the int8 tolerance in steps."""
     if precision == "int8" and steps:
-        return (f"int8 ({INT8_STEPS:g} int8 steps of each output's calibrated range: "
+        return (f"int8 ({INT8_STEPS:g} int8 steps of each output's calibrated range, or of "
+                "its pinned int8 scale where coarser: "
                 + ", ".join(f"{k} atol={INT8_STEPS * v:.3g}" for k, v in steps.items()) + ")")
     rtol, atol, rel = PRECISIONS.get(precision, PRECISIONS["fp16"])
     return f"{precision} (rtol={rtol:g}, atol={atol:g}{'*max|ref|' if rel else ''})"
@@ -216,7 +226,7 @@ def compare_outputs(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]
         label = f"{precision} tolerance rtol={rtol:g}, atol={atol:.3g}"
         if precision == "int8" and steps and name in steps:
             rtol, atol = 0.0, INT8_STEPS * steps[name]
-            label = (f"int8 tolerance {INT8_STEPS:g} steps of the output's calibrated range: "
+            label = (f"int8 tolerance {INT8_STEPS:g} steps of the output's int8 step: "
                      f"atol={atol:.3g}, max abs error = {max_abs / steps[name]:.1f} steps")
         nan_differs = bool(np.isnan(g64).any() != np.isnan(r64).any())
         if nan_differs or not np.all(diff <= atol + rtol * np.abs(r64)):

@@ -27,8 +27,10 @@ by the pass.
 Padding: ONNX pads that TFLite's SAME/VALID express exactly are folded into the op; other pads
 become an explicit PAD (zeros; PADV2 with the lowest value in front of a MaxPool). Fusions that
 do not change results are applied: a per-channel constant ``Add`` after Conv/Gemm/MatMul folds
-into the bias, and Relu / Clip(0, 6) / Clip(-1, 1) following an op that has a fused-activation
-field becomes that field, when the intermediate tensor has no other reader.
+into the bias (after a Conv or ConvTranspose, with any BatchNormalization and per-channel constant
+``Mul`` into its weights too), ``x * Clip(x + 3, 0, 6) / 6`` becomes one HARD_SWISH, and Relu /
+Clip(0, 6) / Clip(-1, 1) following an op that has a fused-activation field becomes that field,
+when the intermediate tensor has no other reader.
 
 int8 mode follows the TFLite 8-bit quantization spec (see `runners.tflite.quant`): activations
 per-tensor asymmetric int8 from the calibrated (min, max) of each ONNX tensor (`tensor_ranges`,
@@ -49,8 +51,9 @@ The modules, in the order a conversion uses them:
 * `params`: the TFLite parameters an ONNX node needs (padding, clip bounds, axes, the GELU
   pattern), or why none exist;
 * `support`: the capability check (`convertible`, `SUPPORTED_OPS`, `SUPPORTED_OPS_FP32`);
-* `fuse`: the fusion plan made before lowering (bias / BatchNormalization folds, fused
-  activations, GELU);
+* `fuse`: the fusion plan made before lowering (bias folds; BatchNormalization / per-channel
+  Mul / Add chains folded into a Conv or ConvTranspose; fused activations; HardSwish and GELU
+  patterns);
 * `ir`: the converter's own tensors and ops, and the builder the emitters share;
 * `typed`: integer and boolean tensors (ids, masks; fp32 mode only): their checks and the
   Expand / Equal / Cast emitters;
@@ -64,7 +67,7 @@ The modules, in the order a conversion uses them:
 from __future__ import annotations
 
 from runners.tflite.converter import convert
-from runners.tflite.quant import act_qparams
+from runners.tflite.quant import PINNED_SCALES, act_qparams
 from runners.tflite.result import (
     CONVERTER_REVISION,
     ConversionError,
@@ -78,6 +81,7 @@ from runners.tflite.support import SUPPORTED_OPS, SUPPORTED_OPS_FP32, convertibl
 
 __all__ = [
     "CONVERTER_REVISION",
+    "PINNED_SCALES",
     "SUPPORTED_OPS",
     "SUPPORTED_OPS_FP32",
     "ConversionError",

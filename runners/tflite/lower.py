@@ -11,12 +11,21 @@ from runners.tflite.attrs import DTYPES, FLOAT, _attr, _ints
 from runners.tflite.fold import _folded, _init_array, _is_const
 from runners.tflite.fuse import plan_fusions
 from runners.tflite.ir import _act_enum
-from runners.tflite.layout import _NHWC_AXIS, _conv_weights, _layout_noop, _nhwc, _nhwc_const
+from runners.tflite.layout import (
+    _NHWC_AXIS,
+    _conv_weights,
+    _layout_noop,
+    _nhwc,
+    _nhwc_const,
+    _transpose_conv_weights,
+)
 from runners.tflite.lower_fp32 import _Fp32Lowering
 from runners.tflite.params import (
+    _bn_scale_shift,
     _clip_bounds,
     _fused_act_code,
     _pool_geometry,
+    _resize_params,
     _resolve_pads,
     _softmax_axis,
 )
@@ -60,6 +69,10 @@ class _Lowering(_Fp32Lowering):
             if n.index in self.fusion.gelu_of:
                 self._emit_gelu(n, out, nodes)
                 continue
+            if n.index in self.fusion.hardswish_of:  # x * Clip(x + 3, 0, 6) / 6
+                y = self.new_act(out, g.tensors[out].shape)
+                self.op("HARD_SWISH", [self.act(self.fusion.hardswish_of[n.index])], [y], nodes)
+                continue
             getattr(self, f"_emit_{n.op_type.lower()}")(n, out, nodes, act or "NONE")
         for o in g.graph_outputs:
             if o not in self.by_name:
@@ -74,12 +87,10 @@ class _Lowering(_Fp32Lowering):
         bias = np.zeros(o_ch, np.float32)
         if len(n.inputs) > 2 and n.inputs[2]:
             bias = bias + _init_array(g, n.inputs[2]).astype(np.float32).reshape(-1)  # type: ignore[union-attr]
-        if n.index in self.fusion.bn_of:  # BatchNormalization folded into the weights and bias
+        if n.index in self.fusion.bn_of:  # BN / Mul / Add folded into the weights and bias
             scale, shift = self.fusion.bn_of[n.index]
             w = w * scale.reshape(-1, 1, 1, 1)
             bias = bias * scale + shift
-        if n.index in self.fusion.bias_of:
-            bias = bias + self.fusion.bias_of[n.index]
         group = int(_attr(n, "group", 1))  # type: ignore[arg-type]
         d = _ints(_attr(n, "dilations"), (1, 1))
         s = _ints(_attr(n, "strides"), (1, 1))
@@ -101,6 +112,92 @@ class _Lowering(_Fp32Lowering):
             opts["DepthMultiplier"] = o_ch // x_shape[1]
         self.op("DEPTHWISE_CONV_2D" if depthwise else "CONV_2D", [x, wid, bid], [y], nodes,
                 opts, macs)
+
+    def _emit_batchnormalization(self, n: Node, out: str, nodes: tuple[str, ...],
+                                 act: str) -> None:
+        """int8: a 1x1 DEPTHWISE_CONV_2D (the per-channel scale as per-channel int8 weights,
+        the shift as its int32 bias: no per-tensor constant); fp32: MUL and ADD."""
+        if self.mode == "fp32":
+            super()._emit_batchnormalization(n, out, nodes, act)
+            return
+        scale, shift = _bn_scale_shift(n, self.g)
+        x = self.act(n.inputs[0])
+        y = self.new_act(out, self.g.tensors[out].shape)
+        wid = self.const(f"{n.name}/weights", scale.reshape(1, 1, 1, -1), "weight", axis=3)
+        bid = self.const(f"{n.name}/bias", shift, "bias", refs=(x, wid))
+        self.op("DEPTHWISE_CONV_2D", [x, wid, bid], [y], nodes,
+                {"Padding": 1, "StrideW": 1, "StrideH": 1, "DepthMultiplier": 1,
+                 "FusedActivationFunction": _act_enum(act), "DilationWFactor": 1,
+                 "DilationHFactor": 1}, int(np.prod(self.g.tensors[out].shape)))
+
+    def _emit_hardsigmoid(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        """max(0, min(1, a*x + b)) = relu6(6a*x + 6b) / 6: MUL (left out when 6a = 1), ADD
+        with fused RELU6, MUL; in int8 the intermediates get the ranges their arithmetic
+        implies (x's range times 6a, then [0, 6])."""
+        alpha = float(_attr(n, "alpha", 0.2))  # type: ignore[arg-type]
+        beta = float(_attr(n, "beta", 0.5))  # type: ignore[arg-type]
+        y_shape = self.g.tensors[out].shape
+        r = len(y_shape)
+        x = self.act(n.inputs[0])
+        shape = self.tensors[x].shape
+        cur = x
+        if abs(6.0 * alpha - 1.0) > 1e-6:
+            cur = self._tmp(n, "scaled", shape)
+            lo, hi = self.tensors[x].range or (0.0, 0.0)
+            self.tensors[cur].range = (min(6 * alpha * lo, 6 * alpha * hi),
+                                       max(6 * alpha * lo, 6 * alpha * hi))
+            self.op("MUL", [x, self._scalar(n, "alpha6", 6.0 * alpha, r)], [cur], nodes,
+                    {"FusedActivationFunction": 0})
+        t2 = self._tmp(n, "shifted", shape)
+        self.tensors[t2].range = (0.0, 6.0)
+        self.op("ADD", [cur, self._scalar(n, "beta6", 6.0 * beta, r)], [t2], nodes,
+                {"FusedActivationFunction": _act_enum("RELU6")})
+        y = self.new_act(out, y_shape)
+        self.op("MUL", [t2, self._scalar(n, "sixth", 1.0 / 6.0, r)], [y], nodes,
+                {"FusedActivationFunction": 0})
+
+    def _emit_resize(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        """RESIZE_NEAREST_NEIGHBOR / RESIZE_BILINEAR; int8 input and output share parameters
+        (TFLite's int8 kernels interpolate the stored values)."""
+        code, align, half = _resize_params(n, self.g)  # type: ignore[misc]
+        y_shape = self.g.tensors[out].shape
+        size = self.const(f"{n.name}/size", np.array(y_shape[2:]), "int32")
+        x = self.act(n.inputs[0])
+        y = self.new_act(out, y_shape)
+        self.tie(x, y)
+        self.op(code, [x, size], [y], nodes, {"AlignCorners": align, "HalfPixelCenters": half})
+
+    def _emit_convtranspose(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
+        """TRANSPOSE_CONV with the per-channel affine chain after it folded in (`FusionPlan.
+        bn_of`); the bias: int8, TRANSPOSE_CONV's int32 bias input; fp32, an ADD."""
+        g = self.g
+        x_shape = g.tensors[n.inputs[0]].shape
+        y_shape = g.tensors[out].shape
+        w = _init_array(g, n.inputs[1]).astype(np.float32)  # type: ignore[union-attr]
+        bias = np.zeros(w.shape[1], np.float32)
+        if len(n.inputs) > 2 and n.inputs[2]:
+            bias = bias + _init_array(g, n.inputs[2]).astype(np.float32).reshape(-1)  # type: ignore[union-attr]
+        if n.index in self.fusion.bn_of:
+            scale, shift = self.fusion.bn_of[n.index]
+            w = w * scale.reshape(1, -1, 1, 1)
+            bias = bias * scale + shift
+        s = _ints(_attr(n, "strides"), (1, 1))
+        pads = _ints(_attr(n, "pads"), (0, 0, 0, 0))
+        x = self.act(n.inputs[0])
+        osh = self.const(f"{n.name}/output_shape", np.array(_nhwc(y_shape)), "int32")
+        wid = self.const(f"{n.name}/weights", _transpose_conv_weights(w), "weight", axis=0)
+        ins = [osh, wid, x]
+        add_bias = self.mode == "fp32" and bool(np.any(bias))
+        if self.mode == "int8":
+            ins.append(self.const(f"{n.name}/bias", bias, "bias", refs=(x, wid)))
+        y = self._tmp(n, "conv", _nhwc(y_shape)) if add_bias else self.new_act(out, y_shape)
+        macs = int(np.prod(x_shape)) * w.shape[1] * w.shape[2] * w.shape[3]
+        self.op("TRANSPOSE_CONV", ins, [y], nodes,
+                {"Padding": 1 if not any(pads) else 0, "StrideW": s[1], "StrideH": s[0]}, macs)
+        if add_bias:
+            b = self.const(f"{n.name}/bias", bias.reshape(1, 1, 1, -1), "const")
+            yb = self.new_act(out, y_shape)
+            self.op("ADD", [y, b], [yb], nodes, {"FusedActivationFunction": 0})
 
     def _pad(self, x: int, explicit: tuple, n: Node, code: str) -> int:
         (pt, pb), (pl, pr) = explicit

@@ -14,16 +14,13 @@ from runners.tflite.ir import _act_enum
 from runners.tflite.layout import (
     _NHWC_AXIS,
     _NHWC_ORDER,
-    _nhwc,
     _perm_nhwc,
-    _transpose_conv_weights,
 )
 from runners.tflite.params import (
     _bn_scale_shift,
     _dyn_rank,
     _pow_exponent,
     _reduce_axes,
-    _resize_params,
     _split_sizes,
 )
 from runners.tflite.typed import TypedLowering
@@ -55,23 +52,6 @@ class _Fp32Lowering(TypedLowering):
         self.op("MUL", [x, s], [mid], nodes, {"FusedActivationFunction": 0})
         y = self.new_act(out, self.g.tensors[out].shape)
         self.op("ADD", [mid, b], [y], nodes, {"FusedActivationFunction": _act_enum(act)})
-
-    def _emit_hardsigmoid(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
-        # max(0, min(1, a*x + b)) = relu6(6a*x + 6b) / 6: MUL, ADD with fused RELU6, MUL
-        alpha = float(_attr(n, "alpha", 0.2))  # type: ignore[arg-type]
-        beta = float(_attr(n, "beta", 0.5))  # type: ignore[arg-type]
-        y_shape = self.g.tensors[out].shape
-        r = len(y_shape)
-        x = self.act(n.inputs[0])
-        t1 = self._tmp(n, "scaled", self.tensors[x].shape)
-        self.op("MUL", [x, self._scalar(n, "alpha6", 6.0 * alpha, r)], [t1], nodes,
-                {"FusedActivationFunction": 0})
-        t2 = self._tmp(n, "shifted", self.tensors[x].shape)
-        self.op("ADD", [t1, self._scalar(n, "beta6", 6.0 * beta, r)], [t2], nodes,
-                {"FusedActivationFunction": _act_enum("RELU6")})
-        y = self.new_act(out, y_shape)
-        self.op("MUL", [t2, self._scalar(n, "sixth", 1.0 / 6.0, r)], [y], nodes,
-                {"FusedActivationFunction": 0})
 
     def _emit_sqrt(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
         y = self.new_act(out, self.g.tensors[out].shape)
@@ -107,36 +87,6 @@ class _Fp32Lowering(TypedLowering):
             self.op("SQRT", [x], [y], nodes)
         else:
             self.op("POW", [x, self._scalar(n, "exponent", e, len(y_shape))], [y], nodes)  # type: ignore[arg-type]
-
-    def _emit_resize(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
-        code, align, half = _resize_params(n, self.g)  # type: ignore[misc]
-        y_shape = self.g.tensors[out].shape
-        size = self.const(f"{n.name}/size", np.array(y_shape[2:]), "int32")
-        y = self.new_act(out, y_shape)
-        self.op(code, [self.act(n.inputs[0]), size], [y], nodes,
-                {"AlignCorners": align, "HalfPixelCenters": half})
-
-    def _emit_convtranspose(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
-        g = self.g
-        x_shape = g.tensors[n.inputs[0]].shape
-        y_shape = g.tensors[out].shape
-        w = _init_array(g, n.inputs[1]).astype(np.float32)  # type: ignore[union-attr]
-        wt = _transpose_conv_weights(w)
-        s = _ints(_attr(n, "strides"), (1, 1))
-        pads = _ints(_attr(n, "pads"), (0, 0, 0, 0))
-        x = self.act(n.inputs[0])
-        osh = self.const(f"{n.name}/output_shape", np.array(_nhwc(y_shape)), "int32")
-        wid = self.const(f"{n.name}/weights", wt, "weight", axis=0)
-        has_bias = len(n.inputs) > 2 and bool(n.inputs[2])
-        y = self._tmp(n, "conv", _nhwc(y_shape)) if has_bias else self.new_act(out, y_shape)
-        macs = int(np.prod(x_shape)) * w.shape[1] * w.shape[2] * w.shape[3]
-        self.op("TRANSPOSE_CONV", [osh, wid, x], [y], nodes,
-                {"Padding": 1 if not any(pads) else 0, "StrideW": s[1], "StrideH": s[0]}, macs)
-        if has_bias:
-            bias = _init_array(g, n.inputs[2]).astype(np.float32).reshape(1, 1, 1, -1)  # type: ignore[union-attr]
-            b = self.const(f"{n.name}/bias", bias, "const")
-            yb = self.new_act(out, y_shape)
-            self.op("ADD", [y, b], [yb], nodes, {"FusedActivationFunction": 0})
 
     def _emit_transpose(self, n: Node, out: str, nodes: tuple[str, ...], act: str) -> None:
         r = _dyn_rank(self.g, n.inputs[0])

@@ -347,3 +347,43 @@ def _gelu_chain(graph: DataflowGraph, erf: Node) -> list[Node] | str:
     if graph.tensors[m2.outputs[0]].shape != graph.tensors[x].shape:
         return "the GELU pattern broadcasts"
     return [pre, erf, add, m1, m2]
+
+
+_HARDSWISH_TOL = 1e-6
+
+
+def _hardswish_chain(graph: DataflowGraph, add: Node, private: set[str]
+                     ) -> tuple[str, tuple[Node, ...]] | None:
+    """(x, (Clip, Mul, Div | Mul)) when ``add`` starts ``x * Clip(x + 3, 0, 6) / 6`` (the
+    HardSwish exporters write; the division may be a Mul by 1/6), else None.
+
+    ``private``: the tensors read by one node alone and not graph outputs; every
+    intermediate of the pattern must be one (``x`` itself is read twice).
+    """
+    def reader(t: str) -> Node | None:
+        if t not in private:
+            return None
+        cs = graph.consumers.get(t, ())
+        return graph.nodes[cs[0]] if len(cs) == 1 else None
+
+    x = next((t for t in add.inputs if not _is_const(graph, t)), "")
+    if not x or x not in graph.tensors or _scalar_of(graph, add, x) != 3.0:
+        return None
+    clip = reader(add.outputs[0])
+    if clip is None or clip.op_type != "Clip" or clip.inputs[0] != add.outputs[0] \
+            or _clip_bounds(clip, graph) != (0.0, 6.0):
+        return None
+    mul = reader(clip.outputs[0])
+    if mul is None or mul.op_type != "Mul" or sorted(mul.inputs) != sorted([x, clip.outputs[0]]):
+        return None
+    last = reader(mul.outputs[0])
+    if last is None or last.op_type not in ("Div", "Mul"):
+        return None
+    c = _scalar_of(graph, last, mul.outputs[0])
+    want = 6.0 if last.op_type == "Div" else 1.0 / 6.0
+    if c is None or abs(c - want) > _HARDSWISH_TOL * want:
+        return None
+    if any(n.domain not in ("", "ai.onnx") for n in (add, clip, mul, last)) \
+            or graph.tensors[last.outputs[0]].shape != graph.tensors[x].shape:
+        return None
+    return x, (clip, mul, last)

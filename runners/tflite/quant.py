@@ -42,6 +42,12 @@ _PIN_SIGMOID = (1.0 / 256.0, -128)
 
 _PIN_TANH = (1.0 / 128.0, 0)
 
+#: ONNX ops whose int8 output the converter pins to a fixed scale (TFLite's LOGISTIC and
+#: SOFTMAX kernels require 1/256, TANH 1/128): the step of such an output's int8 tensor, however
+#: narrow the output's calibrated range
+PINNED_SCALES: dict[str, float] = {"Sigmoid": _PIN_SIGMOID[0], "Softmax": _PIN_SIGMOID[0],
+                                   "Tanh": _PIN_TANH[0]}
+
 
 class _UnionFind:
     def __init__(self) -> None:

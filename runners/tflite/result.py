@@ -10,7 +10,7 @@ import numpy as np
 #: bumped when the TFLite written for the same sub-graph changes (new op mappings, the transpose
 #: peephole, ...): part of the LiteRT toolchain version, so cost-table rows of older output are
 #: not reused under the default (exact) strictness
-CONVERTER_REVISION = 3
+CONVERTER_REVISION = 4
 
 
 INT8_MIN, INT8_MAX = -128, 127

@@ -246,6 +246,9 @@ def _check_batchnorm(node: Node, graph: DataflowGraph, mode: str = "int8") -> st
     x = graph.tensors[node.inputs[0]].shape
     if len(x) < 2 or len(node.inputs) != 5:
         return "needs an input of rank >= 2 and scale, bias, mean, var"
+    if mode != "fp32" and len(x) != 4:
+        return f"int8 BatchNormalization of rank {len(x)} (rank 4 only: a 1x1 depthwise " \
+               "convolution)"
     for t in node.inputs[1:]:
         if _const_vector(graph, t, x[1]) is None:
             return f"{t!r} must be a constant per-channel vector"
@@ -380,7 +383,7 @@ def _check_erf(node: Node, graph: DataflowGraph, mode: str = "int8") -> str | No
 
 #: mapped in fp32 only: no int8 emission is written and tested for these (Ethos-U keeps its set)
 _FP32_ONLY = frozenset({
-    "BatchNormalization", "HardSigmoid", "Resize", "ConvTranspose", "Transpose", "ReduceMean",
+    "Transpose", "ReduceMean",
     "ReduceMax", "ReduceSum", "Pow", "Sqrt", "Slice", "Cast", "Gather", "Split",
     "LayerNormalization", "Erf", "Equal", "Max", "Min", "Exp", "Reciprocal",
 })

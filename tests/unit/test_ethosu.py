@@ -197,7 +197,24 @@ def _softmax(h: int, w: int) -> onnx.ModelProto:
     return _one_node(helper.make_node("Softmax", ["x"], ["y"], axis=1), [1, 2, h, w], [1, 2, h, w])
 
 
+def _resize(factor: int) -> onnx.ModelProto:
+    scales = numpy_helper.from_array(np.array([1, 1, factor, factor], np.float32), "s")
+    return _one_node(helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest",
+                                      coordinate_transformation_mode="asymmetric",
+                                      nearest_mode="floor"),
+                     [1, 4, 4, 4], [1, 4, 4 * factor, 4 * factor], (scales,))
+
+
+def _tconv(stride: int) -> onnx.ModelProto:
+    return _one_node(helper.make_node("ConvTranspose", ["x", "w"], ["y"],
+                                      strides=[stride, stride]),
+                     [1, 4, 8, 8], [1, 4, 8 * stride, 8 * stride],
+                     (_w("w", (4, 4, stride, stride)),))
+
+
 BOUNDARIES = {
+    "resize_factor": (_resize(8), _resize(3), "2x / 4x / 8x"),
+    "transpose_conv_stride": (_tconv(2), _tconv(3), "transposed convolution stride"),
     "depthwise_stride": (_dw(3), _dw(4), "depthwise stride"),
     "same_avgpool_kernel": (_avg(8), _avg(9), "SAME padding exceeds"),
     "mean_axis": (_mean(4096), _mean(4097), "reduced axis"),
