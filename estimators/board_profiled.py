@@ -26,17 +26,18 @@ the board's transition model's, charged by the search on top, as for built candi
 A candidate is **accounted** on its target when every node it holds is in a group of that
 target's profile, it holds each of its groups whole, and (host) every node was priced in the
 precision the host converts the candidate in (int8 when the converter maps each of its nodes in
-int8, else float32). A candidate that splits fused groups by one node each (a Conv
-without its fused Relu, a Relu without its Conv: what the segment rules make at every group
-boundary) is accounted too, each such node priced by its own single-node build (an ordinary
-candidate, built once and shared by every candidate that splits a group there): Vela runs a
-lone Relu as an operator of its own, and a Conv without its activation at the fused group's
-cycles or close to them, so neither is a share of the group guessed. Every other candidate (a
-node Vela leaves to the host, a split that leaves two or more nodes of a group, a precision
-change, a Vela Passthrough operator) is **built** now, as in an exhaustive
-campaign, and answers its exact figure (or invalid, exactly as there). A candidate whose exact
-figure is known (a profile build, one built before, a row of the cost table: ``known``) always
-answers it.
+int8, else float32). A candidate that splits fused groups (a Conv without its fused Relu, a
+Relu without its Conv: what the segment rules make at every group boundary; a Conv ->
+BatchNormalization -> Mul -> Add chain the converter folds into one operator, cut in two) is
+accounted too, each split group's part in it priced by its own build of just that part (an
+ordinary candidate, built once and shared by every candidate that splits the group there):
+Vela runs a lone Relu as an operator of its own, and a Conv without its activation at the fused
+group's cycles or close to them, so neither is a share of the group guessed. Every other
+candidate (a node Vela leaves to the host, a part that is not convex or that the host would
+convert in another precision alone, a Vela Passthrough operator) is **built** now, as in an
+exhaustive campaign, and answers its exact figure (or invalid, exactly as there). A candidate
+whose exact figure is known (a profile build, one built before, a row of the cost table:
+``known``) always answers it.
 
 A profile estimate is *provisional*: Vela's cycles of an operator depend on what it is compiled
 with (cascading, SRAM placement), so a candidate's own compile can differ. The campaign's exact
@@ -169,13 +170,14 @@ class BoardProfile:
         split = [g for g, k in seen.items() if k != self.group_size[g]]
         return f"splits {len(split)} fused operator group(s)" if split else None
 
-    def fragments(self, c: CandidatePartition) -> list[str] | None:
-        """The nodes by which ``c`` splits fused groups, when it is accounted but for those
-        and each split group's part in ``c`` is one node (a Conv without its fused Relu, or
-        the Relu without its Conv): each such node is then priced by its own single-node
-        build (on the host, less that build's own float boundary). None otherwise (a node in
-        no group, a split that leaves two or more nodes of a group, a host node alone in
-        another precision than the candidate)."""
+    def fragments(self, c: CandidatePartition) -> list[tuple[str, ...]] | None:
+        """The parts by which ``c`` splits fused groups, when it is accounted but for those:
+        each split group's nodes in ``c`` (a Conv without its fused Relu, the Relu without
+        its Conv, a folded Conv -> BatchNormalization -> Mul -> Add chain cut in two) is then
+        priced by its own build of just those nodes (on the host, less that build's own
+        float boundary). None otherwise: a node in no group, a part that is not convex (it
+        could not be built alone), or on the host a part that would be converted alone in
+        another precision than the candidate."""
         mode = self.mode(c)
         held: dict[int, list[str]] = {}
         for n in c.node_names:
@@ -183,17 +185,15 @@ class BoardProfile:
             if g is None:
                 return None
             held.setdefault(g, []).append(n)
-        out: list[str] = []
+        out: list[tuple[str, ...]] = []
         for g, nodes in held.items():
-            if len(nodes) != self.group_size[g]:
-                if len(nodes) > 1 or (self.host is not None and mode == "int8"
-                                      and nodes[0] not in self.int8_nodes):
-                    return None
-                out += nodes
-        # a float node alone is converted in float32, like the candidate it prices
-        if self.host is not None and mode == "int8" and any(n not in self.int8_nodes
-                                                            for n in out):
-            return None
+            if len(nodes) == self.group_size[g]:
+                continue
+            # a part alone is converted in int8 only when the converter maps all its nodes so
+            alone = "int8" if all(n in self.int8_nodes for n in nodes) else "fp32"
+            if self.host is not None and alone != mode:
+                return None
+            out.append(tuple(nodes))
         return out
 
     def boundary_s(self, c: CandidatePartition) -> float:
@@ -215,7 +215,8 @@ class BoardProfile:
     def seconds(self, c: CandidatePartition, split: Mapping[str, float] | None = None
                 ) -> float:
         """``c``'s profile estimate (module docstring); ``c`` must be accounted, or hold
-        the nodes of `fragments` whose single-node builds' seconds ``split`` gives."""
+        the parts of `fragments`, whose builds' seconds ``split`` gives by node (a part's
+        seconds on one of its nodes, 0 on the others)."""
         mode = self.mode(c)
         groups = {self.group_of[(n, mode)] for n in c.node_names if n not in (split or {})}
         cycles = sum(self.group_cycles.get(g, 0.0) for g in sorted(groups))
@@ -287,9 +288,10 @@ class BoardProfiledEstimator(CostEstimator):
             for i, fs in split.items():
                 c = candidates[i]
                 if all(cost[f.fingerprint].is_known for f in fs):
-                    p = self.profiles[c.target.id]  # a single node's own boundary left out
-                    given = {f.node_names[0]: cost[f.fingerprint].seconds - p.boundary_s(f)
-                             for f in fs}
+                    p = self.profiles[c.target.id]  # a part's own boundary left out
+                    given = {n: 0.0 for f in fs for n in f.node_names}
+                    given.update({f.node_names[0]: cost[f.fingerprint].seconds
+                                  - p.boundary_s(f) for f in fs})
                     out[i] = self._estimated[c.fingerprint] = Cost(
                         self.profiles[c.target.id].seconds(c, given))
                 else:
@@ -300,17 +302,19 @@ class BoardProfiledEstimator(CostEstimator):
         return [out.get(i, Cost.unknown()) for i in range(len(candidates))]
 
     def _fragments(self, c: CandidatePartition) -> list[CandidatePartition] | None:
-        """The single-node candidates that price ``c``'s split-group nodes (`BoardProfile
+        """The candidates of the parts that price ``c``'s split groups (`BoardProfile
         .fragments`), or None when ``c`` is built."""
         if self._is_exact(c) or c.target.id not in self.profiles:
             return None
-        nodes = self.profiles[c.target.id].fragments(c)
-        if not nodes:
+        parts = self.profiles[c.target.id].fragments(c)
+        if not parts:
             return None
-        by_name = {n.name: n for n in c.sub_graph.nodes}
+        index = {n.name: n.index for n in c.sub_graph.nodes}
         g = c.sub_graph.graph
-        singles = [CandidatePartition(SubGraph(g, 1 << by_name[n].index), c.target)
-                   for n in nodes]
+        singles = [CandidatePartition(SubGraph(g, sum(1 << index[n] for n in part)), c.target)
+                   for part in parts]
+        if not all(f.sub_graph.is_convex for f in singles):
+            return None
         if not self.exact.kind.measures and not all(self._is_exact(f) for f in singles):
             return None  # offline: only single-node builds the table holds price a split
         return singles

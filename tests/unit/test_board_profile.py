@@ -18,8 +18,10 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("ethosu.regor")
 
@@ -35,7 +37,7 @@ from estimators.analytic import AnalyticEstimator
 from estimators.board_profiled import BoardProfile, BoardProfiledEstimator, ProfileBuild
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
-from tests.unit.test_ethos_board import _gather_layernorm
+from tests.unit.test_ethos_board import _gather_layernorm, _model, _w
 
 BOARD = "ethos-u55-128"
 
@@ -214,9 +216,11 @@ def test_profile_groups_operators_that_share_a_node_and_drops_passthrough() -> N
     # one group of three: a node split alone is priced by its own build, two are built
     three = BoardProfile.of(BOARD, [ProfileBuild(("norm", "fc1", "relu"), {
         "clock_hz": 500e6, "ops": [{"nodes": ["norm", "fc1", "relu"], "cycles": 900}]})])
-    assert three.fragments(cand(["relu"])) == ["relu"]
-    assert three.fragments(cand(["fc1", "relu"])) is None
+    assert three.fragments(cand(["relu"])) == [("relu",)]
+    # two nodes of the group (a folded chain cut in two): priced by a build of those two
+    assert three.fragments(cand(["fc1", "relu"])) == [("fc1", "relu")]
     assert three.seconds(cand(["relu"]), {"relu": 1e-6}) == 1e-6
+    assert three.seconds(cand(["fc1", "relu"]), {"fc1": 2e-6, "relu": 0.0}) == 2e-6
 
 
 def test_a_repeated_layers_row_is_read_with_its_own_node_names() -> None:
@@ -226,3 +230,57 @@ def test_a_repeated_layers_row_is_read_with_its_own_node_names() -> None:
     got = _renamed(d, ("l0/mm", "l0/add"), ("l1/mm", "l1/add"))
     assert got["ops"] == [{"nodes": ["l1/mm", "l1/add"], "cycles": 7}]
     assert _renamed(d, ("l0/mm", "l0/add"), ("l0/mm", "l0/add")) is d
+
+
+def _folded_chain() -> onnx.ModelProto:
+    """x -> conv0 -> relu0 -> conv1 -> bn -> relu1 -> conv2: the converter folds the
+    BatchNormalization into conv1, and Vela fuses each Relu into its Conv."""
+    rng = np.random.default_rng(0)
+    c = 8
+    bn = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in (
+        ("g", 1 + 0.1 * rng.standard_normal(c)), ("b", 0.1 * rng.standard_normal(c)),
+        ("m", 0.1 * rng.standard_normal(c)), ("v", 1 + 0.1 * rng.random(c)))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1], name="conv0"),
+             helper.make_node("Relu", ["a"], ["ar"], name="relu0"),
+             helper.make_node("Conv", ["ar", "w1"], ["b1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("BatchNormalization", ["b1", "g", "b", "m", "v"], ["bb"],
+                              name="bn"),
+             helper.make_node("Relu", ["bb"], ["br"], name="relu1"),
+             helper.make_node("Conv", ["br", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])],
+                  [_w("w0", (c, c, 3, 3)), _w("w1", (c, c, 3, 3), 1),
+                   _w("w2", (c, c, 3, 3), 2), *bn])
+
+
+def test_a_folded_chain_cut_in_two_is_priced_by_a_build_of_its_part(tmp_path: Path) -> None:
+    """A candidate that cuts a folded Conv -> BatchNormalization -> Relu group after the
+    BatchNormalization pays the profile's cycles of the groups it holds whole plus one build
+    of its part of the cut group; the part's build is shared, the candidate is not built."""
+    graph = load_graph(_folded_chain())
+    targets = _targets()
+    exact = FarmEstimator(LocalService(sorted({t.toolchain for t in targets}), parallel=1),
+                          TableStore(tmp_path / "costs"), model=graph.name)
+    est, _ = board_profiled(graph, profile_candidates(graph, targets), exact,
+                            tmp_path / "costs")
+    npu = {t.id: t for t in targets}[BOARD]
+    idx = {n.name: n.index for n in graph.nodes}
+
+    def cand(names: list[str]) -> CandidatePartition:
+        return CandidatePartition(SubGraph(graph, sum(1 << idx[n] for n in names)), npu)
+    try:
+        p = est.profiles[BOARD]
+        head = cand(["conv0", "relu0", "conv1", "bn"])
+        assert "fused" in str(est.why_built(head))  # splits {conv1, bn, relu1}
+        assert p.fragments(head) == [("conv1", "bn")]
+        (cost,) = est.estimate([head])
+        part = cand(["conv1", "bn"])
+        assert est.is_confirmed(part) and not est.is_confirmed(head)  # the part was built
+        (part_s,) = est.estimate([part])
+        whole_s = p.seconds(cand(["conv0", "relu0"]))
+        assert cost.seconds == pytest.approx(whole_s + part_s.seconds, rel=1e-12)
+        built = est.stats().measured
+        est.estimate([cand(["relu0", "conv1", "bn"])])  # the same part again: no new build
+        assert est.stats().measured == built + 1  # only relu0 alone (a single-node part)
+    finally:
+        est.close()
