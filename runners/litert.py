@@ -459,6 +459,8 @@ class LiteRTToolchain(Toolchain):
         ``allocate_tensors``, XNNPACK weight packing): measured on gpt2-2L, litert-cpu, 1
         thread, the probe's whole model ran 255-261 ms against 90 ms for the same interpreter
         held (every interpreter was made once per run: 13 times per chunk in 3 rounds).
+        Memory: a held interpreter (flatbuffer + XNNPACK's packed weights) lives as long as
+        its runtime does, beyond `MAX_HANDLE_BYTES`.
         """
         handle, _ = self.handle_for(build.fingerprint, build.artifact, build.target,
                                     max(1, int(threads)))
