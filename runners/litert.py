@@ -30,13 +30,14 @@ Layout: every rank-4 tensor of the TFLite model, its graph inputs and outputs in
 boundary transposes. **Measure** writes the (transposed) inputs into the interpreter once and
 times only ``invoke()``, with the loop and `MeasureConfig` every CPU toolchain uses, so the cost
 is comparable with ONNX Runtime's ``run_with_iobinding`` and OpenVINO's ``infer()``. A plan
-also pays the layout boundary: `run_outputs` (what the partitioned executor calls,
+also pays the layout boundary: `run_outputs` (what the partitioned executor runs,
 `runners.runtime.generic_runtime`, once per partition per run, inside the timed
-end-to-end region) transposes NCHW inputs into the NHWC input buffers, invokes, and transposes
-the outputs out into new arrays (one copy each way). The crossing is timed once per candidate
-(median of a few crossings, `_bind_inputs`) and **added to every sample** (details:
-``layout_boundary_s``, ``boundary_in_cost=True``): a cost is what the partition costs in a
-plan. (Before, it was left out and LiteRT partitions looked cheaper than they ran: on
+end-to-end region, on an interpreter the partition holds: `runner_for`) transposes NCHW
+inputs into the NHWC input buffers, invokes, and transposes the outputs out into new arrays
+(one copy each way). The crossing is timed once per candidate (median of a few crossings,
+`_bind_inputs`) and **added to every sample** (details: ``layout_boundary_s``,
+``boundary_in_cost=True``): a cost is what the partition costs in a plan. (Before, it was
+left out and LiteRT partitions looked cheaper than they ran: on
 resnet18-64, a chain of 6 LiteRT chunks ran ~1.2 ms over the whole model,
 bench/results/cut-diagnostics-vm.md.)
 
@@ -215,6 +216,13 @@ def _write_inputs(handle: _Handle, feeds: Mapping[str, np.ndarray]) -> None:
         view[...] = x.reshape(s.onnx_shape).transpose(0, 2, 3, 1) if s.nhwc \
             else x.reshape(s.tflite_shape)
         del view
+
+
+def _run_handle(handle: _Handle, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One run across the boundary: inputs written, ``invoke()``, outputs read out."""
+    _write_inputs(handle, feeds)
+    handle.interp.invoke()
+    return _read_outputs(handle)
 
 
 def _read_outputs(handle: _Handle) -> dict[str, np.ndarray]:
@@ -430,15 +438,36 @@ class LiteRTToolchain(Toolchain):
         hit = self._by_build.get(id(build))
         if hit is not None and hit[0] is build and hit[1] == threads:
             handle = hit[2]
-        else:  # the executor calls this per run: skip the key and digest next time
+        else:  # a caller may call this per run: skip the key and digest next time
             handle, _ = self.handle_for(build.fingerprint, build.artifact, build.target,
                                         threads)
             if len(self._by_build) >= MAX_HANDLES:
                 self._by_build.clear()
             self._by_build[id(build)] = (build, threads, handle)
-        _write_inputs(handle, feeds)
-        handle.interp.invoke()
-        return _read_outputs(handle)
+        return _run_handle(handle, feeds)
+
+    def runner_for(self, build: BuildResult, threads: int = 1
+                   ) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+        """`run_outputs` on an interpreter made (or found) once and held by the returned
+        callable for its life, whatever the handle cache evicts: what a plan partition runs
+        (`generic_runtime`). Raises when the artifact cannot be loaded.
+
+        Why: the cache is bounded (`MAX_HANDLE_BYTES`, two bytes per flatbuffer byte), so in
+        a process holding several large LiteRT partitions (the cut-cost probe's gpt2-2L chunks
+        and whole model: 2 x 164 MB + 366 MB flatbuffers, ...) making one interpreter evicted
+        the others, and `run_outputs` made each one again *inside the timed run* (interpreter,
+        ``allocate_tensors``, XNNPACK weight packing): measured on gpt2-2L, litert-cpu, 1
+        thread, the probe's whole model ran 255-261 ms against 90 ms for the same interpreter
+        held (every interpreter was made once per run: 13 times per chunk in 3 rounds).
+        Memory: a held interpreter (flatbuffer + XNNPACK's packed weights) lives as long as
+        its runtime does, beyond `MAX_HANDLE_BYTES`.
+        """
+        handle, _ = self.handle_for(build.fingerprint, build.artifact, build.target,
+                                    max(1, int(threads)))
+
+        def run(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return _run_handle(handle, feeds)
+        return run
 
     def feeds(self, handle: _Handle, seed: int,
               overrides: tuple[tuple[str, int, int, object], ...] = ()
@@ -516,5 +545,6 @@ class LiteRTToolchain(Toolchain):
         return statistics.median(samples) * 1e-9
 
     def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
-        """A plan partition: built once, run with `run_outputs` (`generic_runtime`)."""
+        """A plan partition: built once, its interpreter held (`runner_for`), each run as
+        `run_outputs` (`generic_runtime`)."""
         return generic_runtime(self, inp)

@@ -209,6 +209,39 @@ def test_interpreters_are_cached_per_artifact(tc) -> None:
         assert tc.handle_for(b.fingerprint, b.artifact, LT_T, 1) == (hb, True)
 
 
+def test_plan_partitions_hold_their_interpreters_past_the_cache_bound(tc, monkeypatch) -> None:
+    """A plan's LiteRT partitions never remake an interpreter inside a run, however small the
+    handle cache's byte bound: each holds its own (`LiteRTToolchain.runner_for`). With the
+    bound evicting (as 2 x 164 MB gpt2-2L chunks did), runs used to make them again."""
+    from collage_farm.execute.builder import Part, PlanBuilder
+    from collage_farm.probes.cutcost import chunk_masks
+    from runners import litert
+
+    made: list[int] = []
+    make = litert.LiteRTToolchain._make
+
+    def counted(self, data: bytes, threads: int):  # type: ignore[no-untyped-def]
+        made.append(len(data))
+        return make(self, data, threads)
+
+    monkeypatch.setattr(litert, "MAX_HANDLE_BYTES", 1)  # every new interpreter evicts the rest
+    monkeypatch.setattr(litert.LiteRTToolchain, "_make", counted)
+    model = zoo.build("mnist")
+    g = load_graph(model)
+    ex = PlanBuilder(g).executor([Part(m, LT_T) for m in chunk_masks(g, 2)])
+    feeds = random_inputs(model, seed=3)
+    want = _ort_outputs(model, feeds)
+    for _ in range(4):
+        got = ex.run(feeds)
+    assert len(made) == 2, made  # one interpreter per partition, made when the plan was built
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=RTOL, atol=ATOL)
+    step = ex.timed_callable(feeds)
+    step()
+    step()
+    assert len(made) == 2, made
+
+
 def test_delegation_parsing() -> None:
     from runners.litert import _delegation
 
