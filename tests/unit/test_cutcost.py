@@ -59,8 +59,8 @@ def test_real_probe_ort_and_openvino_on_mnist() -> None:
 
 
 def test_a_wholes_probe_fills_each_round_like_the_verify_run() -> None:
-    """Profile mode's probe (``wholes``) runs each chain for about a round (50 ms) a
-    round, so a ~50 us model's whole-model times are warm like the verify run's, not four
+    """Profile mode's probe (``wholes``) runs each chain for about `WHOLES_MIN_ROUND_S`
+    a round, so a ~50 us model's whole-model times are warm like the verify run's, not four
     runs after other chains evicted the caches."""
     g = load_graph(zoo.build("mnist"), name="mnist")
     targets = [T["ort-cpu"], T["openvino-cpu"]]
