@@ -17,6 +17,9 @@ in), the estimate split into its profile share and its cut charge (the target's 
 same-toolchain cut cost, charged when a partition feeds it) plus the transition penalty, the
 in-chain median, and the error ``(in chain - estimate) / in chain``, raw and with the target's
 drift taken out (the estimate times the target's whole model measured now / its time base).
+With ``--fresh-base``, the cut-cost probe's whole-model times are re-taken right before the
+timing and the plan's estimate re-based on them (what the estimate would be with a time base
+seconds old instead of a campaign's minute).
 Per plan: the chain's end-to-end median against the sum of in-chain calls (the loop between
 partitions) and the additive error raw and drift-corrected, as the campaign reports them.
 
@@ -43,6 +46,7 @@ from collage_farm.core.graph import load_graph
 from collage_farm.core.target import get_target, parse_targets
 from collage_farm.execute import PlanExecutor
 from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.probes.cutcost import measure_cut_costs
 from runners.base import DeviceDescription
 
 
@@ -87,9 +91,21 @@ def method_of(s: dict[str, Any], tid: str) -> str:
     return "prefix" if o.get("rejected") else str(o.get("method") or "profile")
 
 
+def fresh_base(source: str, targets: list[str]) -> dict[str, float]:
+    """Each target's whole-model seconds from a cut-cost probe run now (the estimator's time
+    base as a campaign takes it, re-taken right before the plan is timed)."""
+    g = load_graph(onnx.load(source))
+    cc = measure_cut_costs(g, [get_target(t) for t in targets], builder=PlanBuilder(g),
+                           wholes=True)
+    return dict(cc.wholes_s)
+
+
 def report(label: str, s: dict[str, Any], plan: dict[str, Any], in_chain: dict[str, float],
-           wholes_now: dict[str, float], e2e: float) -> list[str]:
-    """Table rows per partition and one line for the plan."""
+           wholes_now: dict[str, float], e2e: float,
+           fresh: dict[str, float] | None = None) -> list[str]:
+    """Table rows per partition and one line for the plan (with ``fresh``, each target's
+    whole-model time from a probe re-taken just before the timing, also the plan's error with
+    the estimate re-based on it)."""
     prof = s.get("profile") or {}
     base = prof.get("wholes_s") or {}
     cuts = prof.get("same_cuts_s") or {}
@@ -117,6 +133,13 @@ def report(label: str, s: dict[str, Any], plan: dict[str, Any], in_chain: dict[s
         f"(sum in chain {sum(in_chain.values()) * 1e3:.3f}, loop {loop * 1e3:+.3f}); additive "
         f"error {(e2e - est_sum) / e2e:+.1%} raw, {(e2e - cal_sum) / e2e:+.1%} drift-corrected;"
         f" whole models ms (measured now / campaign time base): {wh}")
+    if fresh:
+        rebased = sum((p["estimated_s"] + p["penalty_s"]) * fresh[p["target"]]
+                      / base[p["target"]] for p in plan["partitions"])
+        lines.append(f"  {label}: estimate re-based on a probe taken just before the timing "
+                     f"{rebased * 1e3:.3f} ms, additive error {(e2e - rebased) / e2e:+.1%}; "
+                     "fresh whole ms (probe): " + ", ".join(
+                         f"{t} {v * 1e3:.3f}" for t, v in fresh.items()))
     for w in prof.get("warnings", []):
         lines.append(f"  {label}: {w}")
     return lines
@@ -130,6 +153,8 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--runs", type=int, default=20, help="chain runs per round")
+    ap.add_argument("--fresh-base", action="store_true",
+                    help="re-take the probe's whole-model times right before the timing")
     ap.add_argument("--keep", type=Path, default=None, help="keep campaign dirs under DIR")
     args = ap.parse_args()
     targets = args.targets.split(",")
@@ -152,9 +177,10 @@ def main() -> None:
             s = campaign(source, args.targets, work, args.num_cpus)
             (work / "summary.json").write_text(json.dumps(s, indent=1, default=str))
             plan = json.loads((work / "out" / "plan.json").read_text())
+            fresh = fresh_base(source, targets) if args.fresh_base else None
             per, wholes, e2e = time_plans(work / "out", source, targets, args.rounds,
                                           args.runs)
-            lines = report(f"{label}#{i}", s, plan, per, wholes, e2e)
+            lines = report(f"{label}#{i}", s, plan, per, wholes, e2e, fresh)
             lines.append(f"  {label}#{i}: load before {before}, after {load()}")
             print("\n".join(lines), flush=True)
 
