@@ -35,7 +35,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,11 +51,12 @@ from runners.base import (
     Summary,
     Toolchain,
 )
+from runners.topology import OnnxTopology
 
 __all__ = ["DEFAULT_TOLERANCE", "PER_KERNEL_TOLERANCE_S", "PROFILE_DETAIL", "PROFILE_PREFIX",
            "PROFILE_STEPS", "PROFILE_TIMEOUT_S", "OnnxTopology", "OperatorProfile",
-           "PrefixProfiler", "ProfileMethod", "Profiler", "attach_unassigned",
-           "monotone_totals", "profile_config", "profile_measure", "thin_cuts"]
+           "PrefixProfiler", "ProfileMethod", "Profiler", "monotone_totals", "paired_segments",
+           "profile_config", "profile_measure", "thin_cuts"]
 
 #: details key of a profile row: the `OperatorProfile` as JSON
 PROFILE_DETAIL = "profile"
@@ -318,8 +319,9 @@ def _unprofiled_timer(tc: Toolchain, build: BuildResult, config: MeasureConfig,
 
 
 def _prefix_config(config: MeasureConfig) -> MeasureConfig:
-    """The prefix profiler's timing: warm, rounds of at least 5 runs (a segment is a difference
-    of two prefix medians, so each median needs the runs)."""
+    """The prefix profiler's timing: warm, rounds of at least 5 runs (a segment is the median
+    over rounds of two prefixes' round medians' difference, so each round median needs the
+    runs)."""
     return dataclasses.replace(config, mode="warm", min_round_runs=5)
 
 
@@ -359,105 +361,6 @@ def _with_whole(prof: OperatorProfile, unprofiled_s: float) -> OperatorProfile:
     not by a wrong share."""
     own = prof.method is ProfileMethod.PREFIXES and prof.profiled_total_s > 0
     return dataclasses.replace(prof, whole_s=prof.profiled_total_s if own else unprofiled_s)
-
-
-# ----------------------------------------------------------------------------------------
-# mapping kernels back to ONNX nodes
-
-
-@dataclass(frozen=True)
-class OnnxTopology:
-    """The node names of an ONNX model in order, and who produces and consumes each tensor."""
-
-    names: tuple[str, ...]
-    inputs: Mapping[str, tuple[str, ...]]  # node -> its runtime input tensors
-    outputs: Mapping[str, tuple[str, ...]]  # node -> its output tensors
-    producer: Mapping[str, str]  # tensor -> node
-    consumers: Mapping[str, tuple[str, ...]]  # tensor -> nodes
-
-    @staticmethod
-    def of(onnx_bytes: bytes) -> OnnxTopology:
-        import onnx  # lazily: the worker imports this module before its thread environment
-
-        model = onnx.load_from_string(onnx_bytes)
-        inits = {i.name for i in model.graph.initializer}
-        names: list[str] = []
-        ins: dict[str, tuple[str, ...]] = {}
-        outs: dict[str, tuple[str, ...]] = {}
-        producer: dict[str, str] = {}
-        consumers: dict[str, list[str]] = {}
-        for i, node in enumerate(model.graph.node):
-            name = node.name or f"{node.op_type}_{i}"
-            names.append(name)
-            ins[name] = tuple(t for t in node.input if t and t not in inits)
-            outs[name] = tuple(t for t in node.output if t)
-            for t in outs[name]:
-                producer[t] = name
-            for t in ins[name]:
-                consumers.setdefault(t, []).append(name)
-        return OnnxTopology(tuple(names), ins, outs, producer,
-                            {k: tuple(v) for k, v in consumers.items()})
-
-    def producers_of(self, node: str) -> list[str]:
-        return [self.producer[t] for t in self.inputs[node] if t in self.producer]
-
-    def consumers_of(self, node: str) -> list[str]:
-        return [c for t in self.outputs[node] for c in self.consumers.get(t, ())]
-
-
-def attach_unassigned(topo: OnnxTopology, group_of: dict[str, int]) -> None:
-    """Give the nodes no kernel named to the group they were most likely fused into, in place.
-
-    In topological order, a node without a group joins its only consumer's group when that
-    consumer has one (a Conv fused into the Relu the kernel is named after), else the group of
-    its producer whose outputs only it reads (an Add and Relu fused into the Conv before
-    them). A node neither rule places stays without a group: the profile does not account
-    for it.
-    """
-    for _ in range(2):  # a second pass places nodes whose consumer was placed after them
-        for n in topo.names:
-            if n in group_of:
-                continue
-            cons = set(topo.consumers_of(n))
-            if len(cons) == 1:
-                (c,) = cons
-                if c in group_of:
-                    group_of[n] = group_of[c]
-                    continue
-            for p in topo.producers_of(n):
-                if p in group_of and set(topo.consumers_of(p)) == {n}:
-                    group_of[n] = group_of[p]
-                    break
-
-
-def groups_from(topo: OnnxTopology, seconds: Mapping[int, float], group_of: Mapping[str, int]
-                ) -> tuple[tuple[tuple[str, ...], float], ...]:
-    """(nodes, seconds) per group id, nodes in model order, groups in first-node order."""
-    members: dict[int, list[str]] = {}
-    for n in topo.names:
-        if n in group_of:
-            members.setdefault(group_of[n], []).append(n)
-    return tuple((tuple(m), float(seconds.get(g, 0.0))) for g, m in members.items())
-
-
-def medians(samples: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """The median of each key's samples (keys with none are left out)."""
-    return {k: float(statistics.median(v)) for k, v in samples.items() if len(v)}
-
-
-def strip_suffixes(name: str, known: Iterable[str], suffixes: Sequence[str]) -> str | None:
-    """``name`` or ``name`` less any of ``suffixes`` (repeatedly) when that is a known node."""
-    known = set(known)
-    cur = name
-    while True:
-        if cur in known:
-            return cur
-        for s in suffixes:
-            if cur.endswith(s):
-                cur = cur[: -len(s)]
-                break
-        else:
-            return None
 
 
 # ----------------------------------------------------------------------------------------
@@ -557,14 +460,13 @@ class PrefixProfiler(Profiler):
                       "prefix_timing_s": time.perf_counter() - t1,
                       "prefixes_s": time.perf_counter() - t0}
         self.whole_samples = samples[-1]
-        totals = [0.0, *(float(statistics.median(x)) for x in samples)]
-        fixed = monotone_totals(totals)
-        groups = [(tuple(topo.names[bounds[i]:bounds[i + 1]]), fixed[i + 1] - fixed[i])
+        seconds, clipped = paired_segments(samples)
+        groups = [(tuple(topo.names[bounds[i]:bounds[i + 1]]), seconds[i])
                   for i in range(len(bounds) - 1)]
-        notes = f"{len(groups)} segments at thin cuts {cuts}, prefixes timed interleaved"
-        bent = sum(1 for a, b in zip(totals, fixed) if a != b)
-        if bent:
-            notes += f"; {bent} prefix times out of order set to their neighbours'"
+        notes = (f"{len(groups)} segments at thin cuts {cuts}, prefixes timed interleaved, "
+                 "segments by paired differences per round")
+        if clipped:
+            notes += f"; {clipped} negative segment difference(s) set to 0"
         return OperatorProfile(self.method, tuple(groups), 0.0, int(config.rounds),
                                notes=notes, kernels=len(groups))
 
@@ -581,6 +483,35 @@ def _prefix_outputs(model: Any, inside: set[str]) -> list[str]:
         else:
             after.update(x for x in n.input if x)
     return [t for t in made if t in after]
+
+
+def paired_segments(samples: Sequence[Sequence[float]]) -> tuple[list[float], int]:
+    """Each segment's seconds from the prefixes' interleaved samples (``samples[i][r]``:
+    prefix ``i`` in round ``r``, the last prefix the whole model), and how many were clipped.
+
+    A segment is the median over rounds of the difference between consecutive prefixes *in
+    the same round* (the first prefix less nothing), so drift between rounds (a load burst
+    that slows one round) cancels in each difference instead of landing in whichever
+    prefix's median came from the slow round. Negative medians (noise on a segment cheaper
+    than the noise) are set to 0, and the segments are scaled so they add up to the whole
+    model's median: the profile's total stays the whole model's time. Rounds missing a
+    prefix's sample are left out of that segment's differences."""
+    k = len(samples)
+    rounds = min((len(x) for x in samples), default=0)
+    if k == 0 or rounds == 0:
+        return [], 0
+    seg: list[float] = []
+    for i in range(k):
+        diffs = [samples[i][r] - (samples[i - 1][r] if i else 0.0) for r in range(rounds)]
+        seg.append(float(statistics.median(diffs)))
+    clipped = sum(1 for x in seg if x < 0)
+    seg = [max(0.0, x) for x in seg]
+    whole = float(statistics.median(samples[-1]))
+    total = sum(seg)
+    if total <= 0:  # every difference noise: the monotone prefix medians instead
+        fixed = monotone_totals([0.0, *(float(statistics.median(x)) for x in samples)])
+        return [fixed[i + 1] - fixed[i] for i in range(k)], clipped
+    return [x * whole / total for x in seg], clipped
 
 
 def monotone_totals(totals: Sequence[float]) -> list[float]:

@@ -31,17 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from runners.base import BuildResult, MeasureConfig
 from runners.onnx_base import feeds_for, seed_of
-from runners.profile import (
-    OnnxTopology,
-    OperatorProfile,
-    PrefixProfiler,
-    ProfileMethod,
-    Profiler,
-    attach_unassigned,
-    groups_from,
-    medians,
-    thin_cuts,
-)
+from runners.profile import OperatorProfile, PrefixProfiler, ProfileMethod, Profiler, thin_cuts
+from runners.topology import OnnxTopology, attach_unassigned, groups_from, medians
 
 if TYPE_CHECKING:
     from runners.ort import OrtCpuToolchain

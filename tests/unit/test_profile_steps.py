@@ -6,6 +6,7 @@ and the steps' seconds reach the campaign's outcome."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -35,16 +36,17 @@ from runners.ort import OrtCpuToolchain
 from runners.profile import (
     PROFILE_DETAIL,
     PROFILE_STEPS,
-    OnnxTopology,
     OperatorProfile,
     PrefixProfiler,
     ProfileMethod,
+    paired_segments,
     profile_config,
     profile_measure,
     thin_cuts,
 )
 from runners.profilers import OrtTraceProfiler
 from runners.registry import get_toolchain
+from runners.topology import OnnxTopology
 
 ORT, LITERT = parse_targets("ort-cpu,litert-cpu")
 
@@ -92,7 +94,23 @@ def test_prefix_profiler_compiles_each_prefix_once(mnist) -> None:  # type: igno
     assert pp.steps["prefix_builds"] == len(cuts)
     assert 0 < pp.steps["prefix_build_s"] <= pp.steps["prefixes_s"]
     assert 0 < pp.steps["prefix_timing_s"] <= pp.steps["prefixes_s"]
-    assert prof.profiled_total_s == pytest.approx(max(pp.whole_samples), rel=1.0)
+    assert prof.profiled_total_s == pytest.approx(statistics.median(pp.whole_samples))
+
+
+def test_prefix_segments_are_paired_differences_within_rounds() -> None:
+    """A segment is the median over rounds of consecutive prefixes' difference in the same
+    round: here the whole model's noisy round 2 and prefix's noisy round 3 put the two
+    medians in different rounds, and their difference says 0.4 where every round but one
+    says 0.2. The segments add up to the whole model's median; noise below zero is 0."""
+    p = [10.0, 11.5, 11.0]
+    whole = [10.2, 11.4, 11.5]  # rounds' differences 0.2, -0.1, 0.5
+    seg, clipped = paired_segments([p, whole])
+    assert clipped == 0
+    assert sum(seg) == pytest.approx(statistics.median(whole))
+    assert seg[1] == pytest.approx(0.2 * 11.4 / 11.2)  # scaled with the first to the whole
+    assert statistics.median(whole) - statistics.median(p) == pytest.approx(0.4)
+    seg, clipped = paired_segments([[5.0, 5.0, 5.0], [4.9, 4.8, 5.0]])  # a segment of noise
+    assert clipped == 1 and seg[1] == 0.0 and seg[0] == pytest.approx(4.9)
 
 
 def test_unprofiled_rounds_interleave_with_the_profiled_runs(mnist) -> None:  # type: ignore[no-untyped-def]

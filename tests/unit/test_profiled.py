@@ -30,13 +30,13 @@ from runners.base import BuildInput, MeasureConfig, MeasureInput, Status
 from runners.ort import OrtCpuToolchain
 from runners.profile import (
     PROFILE_DETAIL,
-    OnnxTopology,
     OperatorProfile,
     ProfileMethod,
     profile_config,
     profile_measure,
 )
 from runners.profilers import Kernel, OrtTraceProfiler, kernel_groups, thin_cuts
+from runners.topology import OnnxTopology
 
 ORT = parse_targets("ort-cpu")[0]
 
