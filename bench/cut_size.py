@@ -47,7 +47,7 @@ def main() -> None:
         if len(crossing) != 1 or not head.is_convex or not SubGraph.of(g, range(p, n)).is_convex:
             continue
         (x,) = crossing
-        nbytes = g.tensors[x].size * 4
+        nbytes = g.tensors[x].nbytes
         plans[(p, nbytes)] = builder.executor(
             [Part(head.mask, t), Part(SubGraph.of(g, range(p, n)).mask, t)])
     names = [("whole", whole), *plans.items()]

@@ -189,9 +189,10 @@ class BoardProfile:
         for g, nodes in held.items():
             if len(nodes) == self.group_size[g]:
                 continue
-            # a part alone is converted in int8 only when the converter maps all its nodes so
-            alone = "int8" if all(n in self.int8_nodes for n in nodes) else "fp32"
-            if self.host is not None and alone != mode:
+            # on the host a part alone is converted in int8 only when the converter maps all
+            # its nodes so: it must be priced in the candidate's precision
+            if self.host is not None and mode != (
+                    "int8" if all(n in self.int8_nodes for n in nodes) else "fp32"):
                 return None
             out.append(tuple(nodes))
         return out

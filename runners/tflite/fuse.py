@@ -79,19 +79,20 @@ class _FusionPlanner:
             return None
         return self.consumers[tensor][0]
 
-    def _per_channel_const(self, add: Node, tensor: str, channels: int, channel_axis: int,
+    def _per_channel_const(self, node: Node, tensor: str, channels: int, channel_axis: int,
                            out_rank: int, op_type: str = "Add") -> np.ndarray | None:
         """The per-channel vector the constant operand of an ``op_type`` (Add / Mul) is, or
         None."""
-        if add.op_type != op_type or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2:
+        if node.op_type != op_type or node.domain not in ("", "ai.onnx") \
+                or len(node.inputs) != 2:
             return None
-        other = add.inputs[1] if add.inputs[0] == tensor else add.inputs[0]
-        if add.inputs[0] == add.inputs[1]:
+        other = node.inputs[1] if node.inputs[0] == tensor else node.inputs[0]
+        if node.inputs[0] == node.inputs[1]:
             return None
         arr = _init_array(self.g, other)
         if arr is None or arr.dtype != np.float32 or arr.ndim > out_rank:
             return None
-        if self.g.tensors[add.outputs[0]].shape != self.g.tensors[tensor].shape:
+        if self.g.tensors[node.outputs[0]].shape != self.g.tensors[tensor].shape:
             return None
         full = arr.reshape((1,) * (out_rank - arr.ndim) + arr.shape)
         for ax, d in enumerate(full.shape):
