@@ -55,17 +55,20 @@ class FusionPlan:
     hardswish_of: dict[int, str] = field(default_factory=dict)
 
 
-def plan_fusions(graph: DataflowGraph, mode: str) -> FusionPlan:
-    """The `FusionPlan` of ``graph`` in ``mode`` ("int8" | "fp32"); nodes are in graph order."""
-    return _FusionPlanner(graph, mode).plan()
+def plan_fusions(graph: DataflowGraph, mode: str, hard_swish: bool = True) -> FusionPlan:
+    """The `FusionPlan` of ``graph`` in ``mode`` ("int8" | "fp32"); nodes are in graph order.
+    ``hard_swish=False`` leaves the HardSwish pattern op by op (16-bit activations: neither
+    Vela nor LiteRT's reference kernels take an int16 HARD_SWISH)."""
+    return _FusionPlanner(graph, mode, hard_swish).plan()
 
 
 class _FusionPlanner:
     """Finds the folds and fused activations of one graph (see `FusionPlan`)."""
 
-    def __init__(self, graph: DataflowGraph, mode: str) -> None:
+    def __init__(self, graph: DataflowGraph, mode: str, hard_swish: bool = True) -> None:
         self.g = graph
         self.mode = mode
+        self.hard_swish = hard_swish
         outs = set(graph.graph_outputs)
         self.consumers: dict[str, list[Node]] = {}
         for n in graph.nodes:
@@ -124,7 +127,7 @@ class _FusionPlanner:
                     absorbed.update(x.index for x in chain[1:])
                     plan[n.index] = (tuple(chain[1:]), None)
                     continue
-            if n.op_type == "Add":
+            if n.op_type == "Add" and self.hard_swish:
                 chain = _hardswish_chain(g, n, self.private)
                 if chain is not None:
                     self.hardswish_of[n.index] = chain[0]
