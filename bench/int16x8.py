@@ -26,7 +26,6 @@ analytic host model), and the partitions Vela leaves on the CPU.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -39,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from int8_check import machine, write
-from int8_fakequant import channel_stats
+from int8_fakequant import arguments, channel_stats
 from int8_layers import parts_of
 
 from collage_farm.config import load_config
@@ -117,13 +116,7 @@ def scheme_row(ex: PlanExecutor, targets: list, label: str, means: Mapping, seed
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", help="a packaged model, pkg:NAME")
-    ap.add_argument("--system", default="ethos-u65-256")
-    ap.add_argument("--seeds", default="0,11,12", help="check feeds (run uses seed 0)")
-    ap.add_argument("--schemes", default=",".join(SCHEMES))
-    args = ap.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    args, seeds = arguments(__doc__ or "", SCHEMES, system=True)
     name = args.model.removeprefix(packaged.PREFIX)
     model = packaged.reference_model(name)
     print("\n".join(machine()))

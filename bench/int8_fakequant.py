@@ -8,7 +8,8 @@ activations (what the converter writes today), 16-bit activations with 8-bit wei
 bound). Each scheme is emulated in the fp32 model itself, no converter or kernel involved:
 
 * activations: a round to the scheme's grid after every tensor the converter quantises (graph
-  inputs and node outputs, less the ones a fold absorbs: `runners.tflite.fuse.plan_fusions`),
+  inputs and node outputs, less the ones a fold absorbs, `runners.tflite.fuse.plan_fusions`,
+  and the outputs of `TIED_OPS`, which carry their input's grid),
   with the whole model's calibrated ranges (`runners.calibration.calibrate`, the campaign's
   seeded random samples); int8 asymmetric per tensor (Sigmoid / Softmax outputs pinned to
   1/256, `runners.tflite.PINNED_SCALES`), int8 per channel (rank-4 tensors, channel axis), or
@@ -21,8 +22,9 @@ bound). Each scheme is emulated in the fp32 model itself, no converter or kernel
   with measured means).
 
 Errors: max abs error of each graph output against the fp32 model on the seeded feeds `run`
-checks (seed 0) and others, in the check's steps (`int8_step`); ``argmax`` is the fraction of
-last-axis argmaxes that agree on the first seed.
+checks (seed 0) and others, in the check's steps (`int8_step`, with the pinned scale of a
+Softmax / Sigmoid output, also through an Identity after it: `pinned_outputs`); ``argmax`` is
+the fraction of last-axis argmaxes that agree on the first seed.
 
     python bench/int8_fakequant.py pkg:ppocr-rec [--seeds 0,11,12] [--schemes a8w8,w8,...]
 """
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +47,13 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from int8_check import machine
 
 from collage_farm.core.graph import DataflowGraph, load_graph, random_inputs
-from collage_farm.execute.numerics import INT8_STEPS, int8_step, reference_outputs
+from collage_farm.execute.numerics import (
+    INT8_STEPS,
+    TIED_OPS,
+    int8_step,
+    pinned_outputs,
+    reference_outputs,
+)
 from collage_farm.zoo import packaged
 from runners.calibration import calibrate
 from runners.tflite import PINNED_SCALES
@@ -79,7 +87,8 @@ SCHEMES = {s.label: s for s in (
 
 
 def quantised_tensors(g: DataflowGraph) -> list[str]:
-    """The tensors the converter rounds: graph inputs and node outputs no fold absorbs."""
+    """The tensors the converter rounds: graph inputs and node outputs no fold absorbs (an
+    Identity / Reshape output holds its input's rounded values: not rounded again)."""
     absorbed = plan_fusions(g, "int8").absorbed
     readers: dict[str, list[int]] = {}
     for i, n in enumerate(g.nodes):
@@ -89,6 +98,8 @@ def quantised_tensors(g: DataflowGraph) -> list[str]:
     outs = set(g.graph_outputs)
     names = list(g.graph_inputs)
     for n in g.nodes:
+        if n.op_type in TIED_OPS:
+            continue
         for o in n.outputs:
             rs = readers.get(o, [])
             if o and not (rs and o not in outs and all(r in absorbed for r in rs)):
@@ -257,21 +268,29 @@ def errors(g: DataflowGraph, scheme: Scheme, names: list[str], stats: Mapping,
     return out, agree
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(doc: str, schemes: Iterable[str], system: bool = False
+              ) -> tuple[argparse.Namespace, list[int]]:
+    """The command line of these benches: a packaged model, the seeds, the schemes (and the
+    board where ``system``)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("model", help="a packaged model, pkg:NAME")
+    if system:
+        ap.add_argument("--system", default="ethos-u65-256")
     ap.add_argument("--seeds", default="0,11,12", help="check feeds (run uses seed 0)")
-    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--schemes", default=",".join(schemes))
     args = ap.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    return args, [int(s) for s in args.seeds.split(",")]
+
+
+def main() -> int:
+    args, seeds = arguments(__doc__ or "", SCHEMES)
     name = args.model.removeprefix(packaged.PREFIX)
     g = load_graph(packaged.reference_model(name).SerializeToString())
     ranges = calibrate(g)
     names = quantised_tensors(g)
     stats = channel_stats(g, names, [random_inputs(g, s) for s in range(8)])
-    producer = {o: n.op_type for n in g.nodes for o in n.outputs}
-    steps = {o: int8_step(*ranges[o], PINNED_SCALES.get(producer.get(o, ""), 0.0))
-             for o in g.graph_outputs}
+    pins = pinned_outputs(g.model, list(g.graph_outputs))
+    steps = {o: int8_step(*ranges[o], pins.get(o, ((), 0.0))[1]) for o in g.graph_outputs}
     print("\n".join(machine()))
     print(f"\n{args.model}: fake-quantised in ONNX Runtime, max abs error of the outputs in "
           f"the check's steps (tolerance {INT8_STEPS:g}); {len(names)} tensors rounded; "
