@@ -27,6 +27,7 @@ import numpy as np
 
 from runners.tflite.fold import _init_array, _is_const
 from runners.tflite.params import _bn_scale_shift, _fused_act_code, _gelu_chain, _hardswish_chain
+from runners.tflite.result import ActivationBits
 from runners.tflite.support import convertible
 
 if TYPE_CHECKING:
@@ -55,11 +56,12 @@ class FusionPlan:
     hardswish_of: dict[int, str] = field(default_factory=dict)
 
 
-def plan_fusions(graph: DataflowGraph, mode: str, hard_swish: bool = True) -> FusionPlan:
+def plan_fusions(graph: DataflowGraph, mode: str,
+                 activations: ActivationBits = ActivationBits.INT8) -> FusionPlan:
     """The `FusionPlan` of ``graph`` in ``mode`` ("int8" | "fp32"); nodes are in graph order.
-    ``hard_swish=False`` leaves the HardSwish pattern op by op (16-bit activations: neither
-    Vela nor LiteRT's reference kernels take an int16 HARD_SWISH)."""
-    return _FusionPlanner(graph, mode, hard_swish).plan()
+    With int16 ``activations`` the HardSwish pattern stays op by op (neither Vela nor LiteRT's
+    reference kernels take an int16 HARD_SWISH)."""
+    return _FusionPlanner(graph, mode, activations is ActivationBits.INT8).plan()
 
 
 class _FusionPlanner:

@@ -30,7 +30,7 @@ from runners.tflite.params import (
     _softmax_axis,
 )
 from runners.tflite.quant import _PIN_SIGMOID, _PIN_TANH
-from runners.tflite.result import ActivationBits, ConversionError, UnsupportedOp
+from runners.tflite.result import ConversionError, UnsupportedOp
 from runners.tflite.support import convertible
 
 if TYPE_CHECKING:
@@ -48,8 +48,7 @@ class _Lowering(_Fp32Lowering):
             why = convertible(n, g, self.mode)
             if why is not None:
                 raise UnsupportedOp(n.name, n.op_type, why)
-        self.fusion = plan_fusions(g, self.mode,
-                                   hard_swish=self.activations is ActivationBits.INT8)
+        self.fusion = plan_fusions(g, self.mode, self.activations)
         for name in g.graph_inputs:
             info = g.tensors.get(name)
             if info is not None and info.elem_type != FLOAT and info.elem_type in DTYPES \

@@ -127,7 +127,7 @@ class ConvertedModel:
     """A TFLite flatbuffer and what a caller needs to feed it and read it back."""
 
     tflite: bytes
-    mode: str  # "int8" | "fp32"
+    mode: str  # "int8" (integer: int8 or 16x8 activations, the I/O specs' dtype) | "fp32"
     inputs: tuple[IOSpec, ...]
     outputs: tuple[IOSpec, ...]
     ops: tuple[OpInfo, ...]
