@@ -18,9 +18,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from collage_farm.core.graph import MAX_IR_VERSION, load_graph, random_inputs
+from collage_farm.core.target import parse_targets
 from collage_farm.execute.numerics import reference_outputs
 from runners.calibration import calibrate
+from runners.ethosu import vela_config
 from runners.tflite import ActivationBits, convert
+from runners.vela_estimate import vela_estimate
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
@@ -137,10 +140,6 @@ def test_a_dead_channel_keeps_its_int64_bias_within_vela_s_40_bits() -> None:
     1e-12 / 127 that bias would need ~2^60, beyond Vela's 40 bits (the operator would fall
     back to the CPU): its scale is raised instead, and the channel still outputs its bias."""
     pytest.importorskip("ethosu.vela")
-    from collage_farm.core.target import parse_targets
-    from runners.ethosu import vela_config
-    from runners.vela_estimate import vela_estimate
-
     rng = np.random.default_rng(5)
     w = rng.standard_normal((C, 3, 3, 3)) * 0.3
     w[2] = 0.0
