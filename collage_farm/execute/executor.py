@@ -58,6 +58,7 @@ from collage_farm.execute.numerics import (
     compare_outputs,
     int8_step,
     loosest,
+    pinned_outputs,
     quantized,
     reference_model,
     reference_outputs,
@@ -68,7 +69,6 @@ from runners.calibration import INT8_TOOLCHAINS, calibrate
 from runners.measure import time_callable
 from runners.registry import get_toolchain
 from runners.runtime import PartitionRuntime, RuntimeInput
-from runners.tflite import PINNED_SCALES
 
 __all__ = ["CALIBRATION_KEY", "PlanExecutor", "Timing", "make_runtime"]
 
@@ -172,15 +172,13 @@ class PlanExecutor:
         self.calibration: CalibrationData | None = None
         #: the whole model's ranges those partitions are quantised with (empty: none)
         self.tensor_ranges: dict[str, tuple[float, float]] = {}
-        #: the ONNX op producing each graph output (int8 plans: pinned output scales)
-        self._output_ops: dict[str, str] = {}
+        #: graph outputs carrying a pinned int8 scale (`pinned_outputs`; int8 plans only)
+        self._pins: dict[str, tuple[tuple[str, ...], float]] = {}
         if specs_error is None and any(tc in INT8_TOOLCHAINS for tc in toolchains.values()):
             self.calibration = calibration or CalibrationData.from_json(
                 self.plan.extra.get(CALIBRATION_KEY))
             self.tensor_ranges = self.whole_model_ranges(self.calibration)
-            outs = set(self.plan.graph_outputs)
-            self._output_ops = {o: n.op_type for n in self.reference().graph.node
-                                for o in n.output if o in outs}
+            self._pins = pinned_outputs(self.reference(), self.plan.graph_outputs)
         for p in self.plan.partitions:
             self.partitions.append(self._runtime(p, toolchains[p.id], datas[p.id]))
         if specs_error is not None:
@@ -252,7 +250,7 @@ class PlanExecutor:
         self._quantized = quantized(self.model_arg)
         self.calibration = None
         self.tensor_ranges = {}
-        self._output_ops = {}
+        self._pins = {}
         self._buffers = None
         self._shapes_bound = {}
         self._keep = []
@@ -366,13 +364,22 @@ class PlanExecutor:
         """The graph outputs' int8 quantisation steps, for a plan whose int8 partitions are
         built with the whole model's ranges (empty otherwise, and for a model that quantizes
         itself: its own rounding is not in those ranges). An output that an int8 partition
-        computes with a pinned scale (Sigmoid, Softmax, Tanh: `PINNED_SCALES`) has at least
-        that step; an output of a partition that ran in fp32 has its range's step."""
+        computes with a pinned scale (Sigmoid, Softmax, Tanh: `runners.tflite.PINNED_SCALES`),
+        directly or through an Identity / Reshape after it (`pinned_outputs`), has at least
+        that step;
+        one whose pinned operator ran in an fp32 partition has its range's step. The pinned
+        operator's partition is the one writing the first tensor of its chain that a partition
+        writes (the tensors before it are internal to that partition)."""
         if not self.tensor_ranges or self._quantized:
             return {}
-        int8_out = {o for rt in self.partitions if rt.precision == "int8" for o in rt.outputs}
-        return {n: int8_step(*self.tensor_ranges[n], PINNED_SCALES.get(
-                    self._output_ops.get(n, ""), 0.0) if n in int8_out else 0.0)
+        written = {o: rt.precision for rt in self.partitions for o in rt.outputs}
+
+        def pin(name: str) -> float:
+            chain, scale = self._pins.get(name, ((), 0.0))
+            first = next((t for t in chain if t in written), None)
+            return scale if first is not None and written[first] == "int8" else 0.0
+
+        return {n: int8_step(*self.tensor_ranges[n], pin(n))
                 for n in self.plan.graph_outputs if n in self.tensor_ranges}
 
     @property

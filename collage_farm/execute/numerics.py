@@ -15,23 +15,23 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
 - int8 with known output ranges (a plan's Ethos-U NPU and Cortex-M host partitions, built as
   int8 TFLite with the whole model's calibrated ranges): ``|got - ref| <= INT8_STEPS x step``,
   ``step = (max(hi, 0) - min(lo, 0)) / 255`` the int8 quantisation step of the output's
-  calibrated range (`int8_step`), or the fixed scale the int8 kernel gives the output
-  when that is coarser (a Sigmoid or Softmax computed in an int8 partition: 1/256; a
-  probability map whose calibrated range is [0, 0.32] has a range step of 1/797, a third of
-  what its int8 tensor can resolve). Why steps: the output is itself an int8 tensor, so rounding
-  it alone costs half a step, and every int8 tensor before it adds its own rounding, carried
-  forward by the layers after it. Measured (``bench/int8_check.py``) with the reference kernels
-  (`runners.runtime_sim`), whole-model ranges and 8 random calibration samples, on two feeds
-  each: 1.5-2.4 steps for mnist, 2.5-3.4 for resnet18 and 3.4-4.1 for mobilenet_v2 (both at
-  32x32; whole on the NPU or cut into 3 partitions alternating NPU and host: the same errors),
-  3.1-4.3 for a one-layer GPT-2 (Vela's split, 20 partitions, or 14), 3.8 for the 17-partition
-  plan a campaign wrote for it; 8.1 for the pooler output of a two-layer BERT (a Tanh of a
-  wide-range Gemm: the Gemm's coarser step, carried through the Tanh's slope of up to 1, is
-  several steps of the Tanh's narrow output range), on every Ethos-U board
-  (``bench/ethos_u.py``, its ``run`` column); PP-OCRv4 det's probability map (a Sigmoid,
-  calibrated range [0, 0.324]): 9.5 steps of its 1/256 int8 scale, 29 of its range, where
-  ONNX Runtime with every tensor fake-quantised per tensor (fp32 weights) is already 16.6 of
-  its range. 12 steps leaves half again the largest of the others;
+  calibrated range (`int8_step`), or the fixed scale the int8 kernel gives the output when
+  that is coarser (a Sigmoid or Softmax computed in an int8 partition: 1/256, also through an
+  Identity / Reshape after it, `TIED_OPS`; a probability map whose calibrated range is [0,
+  0.32] has a range step of 1/797, a third of what its int8 tensor can resolve). Why steps:
+  the output is itself an int8 tensor, so rounding it alone costs half a step, and every int8
+  tensor before it adds its own rounding, carried forward by the layers after it. Measured
+  (``bench/int8_check.py``) with the reference kernels (`runners.runtime_sim`), whole-model
+  ranges and 8 random calibration samples, on two feeds each: 1.5-2.4 steps for mnist, 2.5-3.4
+  for resnet18 and 3.4-4.1 for mobilenet_v2 (both at 32x32; whole on the NPU or cut into 3
+  partitions alternating NPU and host: the same errors), 3.1-4.3 for a one-layer GPT-2 (Vela's
+  split, 20 partitions, or 14), 3.8 for the 17-partition plan a campaign wrote for it; 8.1 for
+  the pooler output of a two-layer BERT (a Tanh of a wide-range Gemm: the Gemm's coarser step,
+  carried through the Tanh's slope of up to 1, is several steps of the Tanh's narrow output
+  range), on every Ethos-U board (``bench/ethos_u.py``, its ``run`` column); PP-OCRv4 det's
+  probability map (a Sigmoid, calibrated range [0, 0.324]): 9.5 steps of its 1/256 int8 scale,
+  29 of its range, where ONNX Runtime with every tensor fake-quantised per tensor (fp32
+  weights) is already 16.6 of its range. 12 steps leaves half again the largest of the others;
   a wrong wiring, a swapped or stale partition or a miscalibrated tensor (GPT-2's attention
   mask quantised over [-10000, 4]: 47-52 steps; a partition calibrated on one sample and fed
   another: 14-16) lands beyond it, the last by a thin margin;
@@ -52,6 +52,7 @@ from collage_farm import zoo
 from collage_farm.core.plan import Plan, PlanError
 from collage_farm.zoo import packaged
 from runners.ort import ort_session
+from runners.tflite import PINNED_SCALES
 
 __all__ = [
     "FP32_ATOL",
@@ -60,10 +61,12 @@ __all__ = [
     "PRECISIONS",
     "QUANT_ATOL_FRAC",
     "QUANT_RTOL",
+    "TIED_OPS",
     "ExecutionMismatch",
     "compare_outputs",
     "int8_step",
     "loosest",
+    "pinned_outputs",
     "quantized",
     "reference_model",
     "reference_outputs",
@@ -95,6 +98,31 @@ def int8_step(lo: float, hi: float, pinned: float = 0.0) -> float:
     `runners.tflite.PINNED_SCALES`) when that is coarser: the int8 tensor carrying such an
     output cannot resolve less than its fixed scale, whatever range calibration saw."""
     return max((max(hi, 0.0) - min(lo, 0.0)) / 255.0, pinned)
+
+
+#: single-input operators that move values without computing new ones: their int8 output holds
+#: the very values of their input (the converter ties the two tensors' scales, and in fp32 the
+#: values pass unchanged), so a pinned scale before them is the scale of their output too
+TIED_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def pinned_outputs(model: onnx.ModelProto, outputs: Sequence[str]
+                   ) -> dict[str, tuple[tuple[str, ...], float]]:
+    """Graph ``outputs`` computed by an operator whose int8 kernel pins its output scale
+    (`runners.tflite.PINNED_SCALES`: Sigmoid, Softmax, Tanh), directly or through `TIED_OPS`
+    (a classifier's Softmax followed by an Identity): output -> (the tensors from that
+    operator's output to the graph output, in order; the pinned scale)."""
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    found: dict[str, tuple[tuple[str, ...], float]] = {}
+    for name in outputs:
+        chain = [name]
+        node = producer.get(name)
+        while node is not None and node.op_type in TIED_OPS and node.input and node.input[0]:
+            chain.append(node.input[0])
+            node = producer.get(node.input[0])
+        if node is not None and node.op_type in PINNED_SCALES:
+            found[name] = (tuple(reversed(chain)), PINNED_SCALES[node.op_type])
+    return found
 
 
 def loosest(precisions: Sequence[str]) -> str:

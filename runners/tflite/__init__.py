@@ -34,7 +34,10 @@ when the intermediate tensor has no other reader.
 
 int8 mode follows the TFLite 8-bit quantization spec (see `runners.tflite.quant`): activations
 per-tensor asymmetric int8 from the calibrated (min, max) of each ONNX tensor (`tensor_ranges`,
-from `runners.calibration`), weights per-channel symmetric int8, int32 bias.
+from `runners.calibration`), weights per-channel symmetric int8, int32 bias. On request
+(`ActivationBits.INT16`) it writes TFLite's 16x8 scheme instead: symmetric int16 activations,
+the same int8 weights, int64 bias; and given the calibration's per-channel means it corrects
+each bias for the mean shift of its rounded weights.
 
 `convertible(node, graph)` is the per-node capability check; `convert` runs the same check on
 every node first and raises `UnsupportedOp` with the same reason, so the two always agree.
@@ -70,6 +73,7 @@ from runners.tflite.converter import convert
 from runners.tflite.quant import PINNED_SCALES, act_qparams
 from runners.tflite.result import (
     CONVERTER_REVISION,
+    ActivationBits,
     ConversionError,
     ConvertedModel,
     IOSpec,
@@ -84,6 +88,7 @@ __all__ = [
     "PINNED_SCALES",
     "SUPPORTED_OPS",
     "SUPPORTED_OPS_FP32",
+    "ActivationBits",
     "ConversionError",
     "ConvertedModel",
     "IOSpec",

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from collage_farm.core.graph import DataflowGraph, load_graph
 from runners.tflite.flatbuffer import _serialise
 from runners.tflite.lower import _Lowering
 from runners.tflite.peephole import _TransposeOptimiser
 from runners.tflite.quant import resolve_qparams
-from runners.tflite.result import ConvertedModel
+from runners.tflite.result import ActivationBits, ConvertedModel
 
 if TYPE_CHECKING:
     import onnx
@@ -23,6 +25,8 @@ def convert(
     | None = None,
     *,
     write: bool = True,
+    activations: ActivationBits = ActivationBits.INT8,
+    channel_means: Mapping[str, Sequence[float] | np.ndarray] | None = None,
 ) -> ConvertedModel:
     """Convert a standalone ONNX (sub-)model to TFLite.
 
@@ -31,6 +35,10 @@ def convert(
     calibrated (min, max), as a mapping or as ``BuildInput.tensor_ranges`` triples.
     ``write=False`` returns everything but the flatbuffer (``tflite`` empty): the operators,
     their figures and the I/O contract, for callers that only price the model.
+    ``activations`` (int8 mode): int8, or int16 with int8 weights (TFLite's 16x8; the I/O
+    specs say ``int16``). ``channel_means``: per-channel means of ONNX tensors (channel axis 1
+    of a rank-4 tensor, else the last) on the calibration samples; the weights reading them
+    get their bias corrected for the mean shift their rounding causes (`runners.tflite.quant`).
 
     Raises `UnsupportedOp` for a node `convertible` refuses, `MissingRangeError` when a range
     is missing, `ConversionError` for anything else the writer cannot express.
@@ -44,6 +52,9 @@ def convert(
     else:
         ranges = {k: (float(lo), float(hi)) for k, lo, hi in tensor_ranges}
     lowering = _Lowering(graph, mode, ranges)
+    lowering.activations = activations
+    lowering.channel_means = {k: np.asarray(v, np.float64).reshape(-1)
+                              for k, v in (channel_means or {}).items()}
     lowering.run()
     if mode == "fp32":
         _TransposeOptimiser(lowering).run()

@@ -9,7 +9,7 @@ import numpy as np
 
 from runners.tflite.ir import _Builder
 from runners.tflite.quant import _encode, _Encoded
-from runners.tflite.result import ConvertedModel, IOSpec, OpInfo
+from runners.tflite.result import ActivationBits, ConvertedModel, IOSpec, OpInfo
 
 #: builtins whose first registered version in TFLite is above 1 (BROADCAST_TO starts at 2)
 _MIN_VERSION = {"BROADCAST_TO": 2}
@@ -17,7 +17,7 @@ _MIN_VERSION = {"BROADCAST_TO": 2}
 
 def _activation_bytes(conv: _Builder, tid: int) -> int:
     t = conv.tensors[tid]
-    item = 1 if conv.mode == "int8" else 4
+    item = (conv.activations.value // 8) if conv.mode == "int8" else 4
     if t.kind in ("int32", "int64"):
         return 0
     if t.kind == "bias":
@@ -48,7 +48,8 @@ def _serialise(conv: _Builder, q: Mapping[int, tuple[float, int]], write: bool =
         return IOSpec(
             name=name, index=tid, onnx_shape=tuple(g.tensors[name].shape),
             tflite_shape=conv.tensors[tid].shape,
-            dtype="int8" if conv.mode == "int8" else conv.tensors[tid].dtype,
+            dtype=(("int16" if conv.activations is ActivationBits.INT16 else "int8")
+                   if conv.mode == "int8" else conv.tensors[tid].dtype),
             scale=float(e.scale[0]) if e.scale else 0.0,
             zero_point=int(e.zero_point[0]) if e.zero_point else 0,
         )

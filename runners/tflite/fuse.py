@@ -27,6 +27,7 @@ import numpy as np
 
 from runners.tflite.fold import _init_array, _is_const
 from runners.tflite.params import _bn_scale_shift, _fused_act_code, _gelu_chain, _hardswish_chain
+from runners.tflite.result import ActivationBits
 from runners.tflite.support import convertible
 
 if TYPE_CHECKING:
@@ -55,17 +56,21 @@ class FusionPlan:
     hardswish_of: dict[int, str] = field(default_factory=dict)
 
 
-def plan_fusions(graph: DataflowGraph, mode: str) -> FusionPlan:
-    """The `FusionPlan` of ``graph`` in ``mode`` ("int8" | "fp32"); nodes are in graph order."""
-    return _FusionPlanner(graph, mode).plan()
+def plan_fusions(graph: DataflowGraph, mode: str,
+                 activations: ActivationBits = ActivationBits.INT8) -> FusionPlan:
+    """The `FusionPlan` of ``graph`` in ``mode`` ("int8" | "fp32"); nodes are in graph order.
+    With int16 ``activations`` the HardSwish pattern stays op by op (neither Vela nor LiteRT's
+    reference kernels take an int16 HARD_SWISH)."""
+    return _FusionPlanner(graph, mode, activations is ActivationBits.INT8).plan()
 
 
 class _FusionPlanner:
     """Finds the folds and fused activations of one graph (see `FusionPlan`)."""
 
-    def __init__(self, graph: DataflowGraph, mode: str) -> None:
+    def __init__(self, graph: DataflowGraph, mode: str, hard_swish: bool = True) -> None:
         self.g = graph
         self.mode = mode
+        self.hard_swish = hard_swish
         outs = set(graph.graph_outputs)
         self.consumers: dict[str, list[Node]] = {}
         for n in graph.nodes:
@@ -124,7 +129,7 @@ class _FusionPlanner:
                     absorbed.update(x.index for x in chain[1:])
                     plan[n.index] = (tuple(chain[1:]), None)
                     continue
-            if n.op_type == "Add":
+            if n.op_type == "Add" and self.hard_swish:
                 chain = _hardswish_chain(g, n, self.private)
                 if chain is not None:
                     self.hardswish_of[n.index] = chain[0]

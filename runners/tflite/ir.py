@@ -10,6 +10,7 @@ import numpy as np
 
 from runners.tflite.attrs import DTYPES
 from runners.tflite.layout import _nhwc
+from runners.tflite.result import ActivationBits
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
@@ -102,6 +103,10 @@ class _Builder:
         self.by_name: dict[str, int] = {}
         self.ops: list[_Op] = []
         self.ties: list[tuple[int, int, int | None]] = []  # (a, b, op index allowed to requant)
+        #: int8 mode: the activations' integer type, and the per-channel means of tensors that
+        #: weights read (bias correction; `runners.tflite.quant`)
+        self.activations = ActivationBits.INT8
+        self.channel_means: dict[str, np.ndarray] = {}
 
     def _add(self, t: _T) -> int:
         self.tensors.append(t)

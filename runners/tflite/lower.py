@@ -48,7 +48,7 @@ class _Lowering(_Fp32Lowering):
             why = convertible(n, g, self.mode)
             if why is not None:
                 raise UnsupportedOp(n.name, n.op_type, why)
-        self.fusion = plan_fusions(g, self.mode)
+        self.fusion = plan_fusions(g, self.mode, self.activations)
         for name in g.graph_inputs:
             info = g.tensors.get(name)
             if info is not None and info.elem_type != FLOAT and info.elem_type in DTYPES \

@@ -10,6 +10,19 @@ concatenation, min/max) share one set of parameters (a union of the ranges of th
 tie together); LOGISTIC/SOFTMAX outputs are pinned to (1/256, -128) and TANH to (1/128, 0). Where
 two pinned sets would have to meet (a Concat of a Sigmoid and a Tanh) a QUANTIZE (requantise)
 op is inserted.
+
+16x8 (`ActivationBits.INT16`, TFLite's 16-bit activation scheme): activations per-tensor
+*symmetric* int16 (zero point 0, ``scale = max(|lo|, |hi|) / 32767``), every pin (1/32768, 0),
+constant operands of elementwise ops int16 the same way, weights unchanged, int64 bias. A
+channel whose folded weights are all but zero (a pruned channel after BatchNormalization)
+would need an int64 bias beyond the 40 bits Vela accepts: its weight scale is raised until
+the bias fits (the weights of such a channel round to zero either way).
+
+Bias correction (either scheme, when the builder has ``channel_means``: the per-channel means
+of the tensors that weights read, measured on the calibration samples): rounding a weight
+matrix shifts each output channel's mean by ``sum_c (Wq - W)[o, c] * mean(x_c)``; the bias
+absorbs it (Nagel et al., "Data-Free Quantization Through Weight Equalization and Bias
+Correction", 2019, with measured means). CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED only.
 """
 
 from __future__ import annotations
@@ -21,7 +34,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from runners.tflite.ir import _T, _Builder, _Op
-from runners.tflite.result import INT8_MAX, INT8_MIN, MIN_RANGE, ConversionError, MissingRangeError
+from runners.tflite.result import (
+    INT8_MAX,
+    INT8_MIN,
+    INT16_MAX,
+    INT40_MAX,
+    MIN_RANGE,
+    ActivationBits,
+    ConversionError,
+    MissingRangeError,
+)
 
 
 def act_qparams(lo: float, hi: float) -> tuple[float, int]:
@@ -37,7 +59,17 @@ def act_qparams(lo: float, hi: float) -> tuple[float, int]:
     return scale, max(INT8_MIN, min(INT8_MAX, zp))
 
 
+def act_qparams16(lo: float, hi: float) -> tuple[float, int]:
+    """Per-tensor symmetric int16 (scale, zero point 0) for a real range (16x8 activations)."""
+    m = max(abs(float(lo)), abs(float(hi)))
+    if not math.isfinite(m):
+        raise ConversionError(f"non-finite calibration range ({lo}, {hi})")
+    return max(m, MIN_RANGE) / INT16_MAX, 0
+
+
 _PIN_SIGMOID = (1.0 / 256.0, -128)
+#: int16 LOGISTIC / SOFTMAX / TANH outputs (TFLite's 16x8 kernels require it)
+_PIN_INT16 = (1.0 / 32768.0, 0)
 
 
 _PIN_TANH = (1.0 / 128.0, 0)
@@ -133,16 +165,18 @@ def _group_qparams(ir: _Builder, uf: _UnionFind, pins: Mapping[int, tuple[float,
     for i, t in enumerate(ir.tensors):
         if t.kind == "act":
             groups.setdefault(uf.find(i), []).append(i)
+    wide = ir.activations is ActivationBits.INT16
+    qparams = act_qparams16 if wide else act_qparams
     q: dict[int, tuple[float, int]] = {}
     for root, members in groups.items():
         if root in pins:
-            qp = pins[root]
+            qp = _PIN_INT16 if wide else pins[root]
         else:
             rs = [ir.tensors[m].range for m in members if ir.tensors[m].range]
             if not rs:
                 names = ", ".join(ir.tensors[m].name for m in members)
                 raise MissingRangeError(f"no calibrated range for tensor(s) {names}")
-            qp = act_qparams(min(r[0] for r in rs), max(r[1] for r in rs))  # type: ignore[index]
+            qp = qparams(min(r[0] for r in rs), max(r[1] for r in rs))  # type: ignore[index]
         for m in members:
             q[m] = qp
     return q
@@ -189,33 +223,88 @@ def _encode(conv: _Builder, tid: int, q: Mapping[int, tuple[float, int]],
     if not int8:
         data = None if t.data is None else np.ascontiguousarray(t.data, np.float32).tobytes()
         return _Encoded(0, data)
+    wide = conv.activations is ActivationBits.INT16
     if t.kind == "act":
         s, zp = q[tid]
-        return _Encoded(9, None, (s,), (zp,))
+        return _Encoded(7 if wide else 9, None, (s,), (zp,))
     assert t.data is not None
     if t.kind == "weight":
-        w = t.data
-        other = tuple(a for a in range(w.ndim) if a != t.axis)
-        maxabs = np.max(np.abs(w), axis=other) if other else np.abs(w)
-        scales = np.maximum(maxabs, 1e-12).astype(np.float64) / 127.0
-        shape = [1] * w.ndim
-        shape[t.axis] = -1
-        qw = np.clip(np.round(w / scales.reshape(shape)), -127, 127).astype(np.int8)
-        weight_scales[tid] = scales
-        return _Encoded(9, qw.tobytes(), tuple(float(x) for x in scales),
-                        (0,) * len(scales), t.axis)
+        return _encode_weight(conv, tid, q, weight_scales)
     if t.kind == "bias":
-        x_tid, w_tid = t.refs
-        if w_tid not in weight_scales:
-            _encode(conv, w_tid, q, weight_scales)
-        s_in = q[x_tid][0]
-        scales = s_in * weight_scales[w_tid]
-        qb = np.clip(np.round(t.data.astype(np.float64) / scales), -(2**31), 2**31 - 1)
-        return _Encoded(2, qb.astype(np.int32).tobytes(), tuple(float(x) for x in scales),
-                        (0,) * len(scales), 0)
+        return _encode_bias(conv, tid, q, weight_scales)
     if t.kind == "like":
         s, zp = q[t.refs[0]]
-    else:  # "const": its own per-tensor asymmetric parameters
-        s, zp = act_qparams(float(t.data.min()), float(t.data.max()))
+    else:  # "const": its own per-tensor parameters
+        s, zp = (act_qparams16 if wide else act_qparams)(float(t.data.min()),
+                                                          float(t.data.max()))
+    if wide:
+        qc = np.clip(np.round(t.data.astype(np.float64) / s), -INT16_MAX, INT16_MAX)
+        return _Encoded(7, qc.astype(np.int16).tobytes(), (s,), (zp,))
     qc = np.clip(np.round(t.data.astype(np.float64) / s) + zp, INT8_MIN, INT8_MAX)
     return _Encoded(9, qc.astype(np.int8).tobytes(), (s,), (zp,))
+
+
+def _encode_weight(conv: _Builder, tid: int, q: Mapping[int, tuple[float, int]],
+                   weight_scales: dict[int, np.ndarray]) -> _Encoded:
+    """Per-channel symmetric int8 (max-abs scale); in 16x8 each scale at least what keeps
+    its channel's int64 bias within Vela's 40 bits (twice over, for the bias correction)."""
+    t = conv.tensors[tid]
+    w = t.data
+    assert w is not None
+    other = tuple(a for a in range(w.ndim) if a != t.axis)
+    maxabs = np.max(np.abs(w), axis=other) if other else np.abs(w)
+    scales = np.maximum(maxabs, 1e-12).astype(np.float64) / 127.0
+    bias = next((b for b in conv.tensors if b.kind == "bias" and b.refs[1:] == (tid,)), None)
+    if conv.activations is ActivationBits.INT16 and bias is not None and bias.data is not None:
+        floor = 2.0 * np.abs(bias.data.astype(np.float64)) / (q[bias.refs[0]][0] * INT40_MAX)
+        scales = np.maximum(scales, floor.reshape(-1))
+    shape = [1] * w.ndim
+    shape[t.axis] = -1
+    qw = np.clip(np.round(w / scales.reshape(shape)), -127, 127).astype(np.int8)
+    weight_scales[tid] = scales
+    return _Encoded(9, qw.tobytes(), tuple(float(x) for x in scales), (0,) * len(scales),
+                    t.axis)
+
+
+def _encode_bias(conv: _Builder, tid: int, q: Mapping[int, tuple[float, int]],
+                 weight_scales: dict[int, np.ndarray]) -> _Encoded:
+    """int32 (int8 activations) or int64 (16x8) at input scale x weight scale, less the mean
+    shift of the rounded weights where the builder knows its input's channel means."""
+    t = conv.tensors[tid]
+    assert t.data is not None
+    x_tid, w_tid = t.refs
+    if w_tid not in weight_scales:
+        _encode(conv, w_tid, q, weight_scales)
+    scales = q[x_tid][0] * weight_scales[w_tid]
+    data = t.data.astype(np.float64).reshape(-1) - _mean_shift(conv, tid, weight_scales)
+    meta = (tuple(float(x) for x in scales), (0,) * len(scales), 0)
+    if conv.activations is ActivationBits.INT16:
+        qb = np.clip(np.round(data / scales), -INT40_MAX, INT40_MAX)
+        return _Encoded(4, qb.astype(np.int64).tobytes(), *meta)
+    qb = np.clip(np.round(data / scales), -(2**31), 2**31 - 1)
+    return _Encoded(2, qb.astype(np.int32).tobytes(), *meta)
+
+
+def _mean_shift(conv: _Builder, bias_tid: int, weight_scales: Mapping[int, np.ndarray]
+                ) -> np.ndarray | float:
+    """Per output channel, ``sum_c (Wq - W)[o, c] * mean(x_c)`` of the op reading bias
+    ``bias_tid`` (module docstring); 0 without its input's channel means, or for an op other
+    than CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED, or means of another length."""
+    x_tid, w_tid = conv.tensors[bias_tid].refs
+    mean = conv.channel_means.get(conv.tensors[x_tid].name)
+    code = next((op.code for op in conv.ops if bias_tid in op.inputs), "")
+    if mean is None or code not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
+        return 0.0
+    wt = conv.tensors[w_tid]
+    w = np.asarray(wt.data, np.float64)
+    shape = [1] * w.ndim
+    shape[wt.axis] = -1
+    s = weight_scales[w_tid].reshape(shape)
+    dw = np.clip(np.round(w / s), -127, 127) * s - w
+    mean = np.asarray(mean, np.float64).reshape(-1)
+    if code == "FULLY_CONNECTED":
+        return dw @ mean if dw.ndim == 2 and dw.shape[1] == mean.size else 0.0
+    if code == "CONV_2D":
+        return dw.sum(axis=(1, 2)) @ mean if dw.shape[3] == mean.size else 0.0
+    per = dw.sum(axis=(0, 1, 2))  # depthwise [1, H, W, C * multiplier]
+    return np.repeat(mean, per.size // mean.size) * per if per.size % mean.size == 0 else 0.0

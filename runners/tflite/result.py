@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -14,6 +15,22 @@ CONVERTER_REVISION = 4
 
 
 INT8_MIN, INT8_MAX = -128, 127
+INT16_MAX = 32767
+#: Vela keeps an int64 bias on the NPU only when it fits in 40 bits
+INT40_MAX = 2**39 - 1
+
+
+class ActivationBits(enum.Enum):
+    """The integer type of an int8-mode model's activations.
+
+    ``INT8``: TFLite's full-integer int8 (per-tensor asymmetric activations, int32 bias).
+    ``INT16``: TFLite's "16x8" scheme: per-tensor *symmetric* int16 activations (zero point
+    0), the same per-channel int8 weights, int64 bias; 256 times finer activation steps, for
+    models whose channels differ too widely for one int8 scale per tensor.
+    """
+
+    INT8 = 8
+    INT16 = 16
 
 #: the non-float dtypes an fp32-mode model's inputs and outputs can have (ONNX layout kept)
 _TYPED = ("int32", "int64", "bool")
@@ -55,16 +72,17 @@ class IOSpec:
     index: int  # tensor index in the TFLite subgraph
     onnx_shape: tuple[int, ...]
     tflite_shape: tuple[int, ...]
-    dtype: str  # "int8" | "float32" | "int32" / "int64" / "bool" (fp32 mode)
+    dtype: str  # "int8" | "int16" (16x8) | "float32" | "int32" / "int64" / "bool" (fp32 mode)
     scale: float = 0.0
     zero_point: int = 0
 
     @property
     def nhwc(self) -> bool:
-        return len(self.onnx_shape) == 4 and self.dtype in ("float32", "int8")
+        return len(self.onnx_shape) == 4 and self.dtype in ("float32", "int8", "int16")
 
     def to_tflite(self, x: np.ndarray) -> np.ndarray:
-        """ONNX-layout float data -> what the TFLite input takes (NHWC, quantised in int8)."""
+        """ONNX-layout float data -> what the TFLite input takes (NHWC, quantised in int8 /
+        int16)."""
         if self.dtype in _TYPED:  # integer ids, masks: ONNX layout, no transpose
             return np.ascontiguousarray(np.asarray(x).astype(self.dtype).reshape(self.onnx_shape))
         a = np.asarray(x, dtype=np.float32).reshape(self.onnx_shape)
@@ -73,6 +91,9 @@ class IOSpec:
         if self.dtype == "int8":
             q = np.round(a / self.scale) + self.zero_point
             return np.ascontiguousarray(np.clip(q, INT8_MIN, INT8_MAX).astype(np.int8))
+        if self.dtype == "int16":
+            q = np.round(a / self.scale)
+            return np.ascontiguousarray(np.clip(q, -INT16_MAX, INT16_MAX).astype(np.int16))
         return np.ascontiguousarray(a, dtype=np.float32)
 
     def from_tflite(self, y: np.ndarray) -> np.ndarray:
@@ -81,7 +102,7 @@ class IOSpec:
         a = np.asarray(y)
         if self.dtype in _TYPED:
             return np.ascontiguousarray(a.astype(self.dtype).reshape(self.onnx_shape))
-        if self.dtype == "int8":
+        if self.dtype in ("int8", "int16"):
             a = (a.astype(np.float32) - self.zero_point) * np.float32(self.scale)
         a = a.astype(np.float32).reshape(self.tflite_shape)
         if self.nhwc:
@@ -106,7 +127,7 @@ class ConvertedModel:
     """A TFLite flatbuffer and what a caller needs to feed it and read it back."""
 
     tflite: bytes
-    mode: str  # "int8" | "fp32"
+    mode: str  # "int8" (integer: int8 or 16x8 activations, the I/O specs' dtype) | "fp32"
     inputs: tuple[IOSpec, ...]
     outputs: tuple[IOSpec, ...]
     ops: tuple[OpInfo, ...]
