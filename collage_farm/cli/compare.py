@@ -178,6 +178,8 @@ def _print_board(model: str, out: dict[str, Any], args: argparse.Namespace) -> i
         print(f"  {k:14s} {fmt_ms(v):>14s}  {v / best:6.2f}x  (simulated)" if best else k)
     for k, e in out["errors"].items():
         print(f"  {k:14s} no figure: {' '.join(e.split())[:200]}")
+    if out.get("vela_whole_source"):
+        print(f"vela-whole split: {out['vela_whole_source']}")
     if "plot" in out:
         print(f"plot: {out['plot']}")
     return 0
