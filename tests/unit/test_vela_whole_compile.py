@@ -11,6 +11,7 @@ from collage_farm.config import load_config
 from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.postsearch.vela_split import Board, SplitSource, vela_split
 from collage_farm.postsearch.vela_whole import ethos_u_board, split_info, vela_whole_parts
+from collage_farm.report.summary import story
 
 pytest.importorskip("ethosu.vela")
 
@@ -103,3 +104,12 @@ def test_without_a_whole_compile_the_capability_check_gives_the_split() -> None:
     assert [(p.target, _names(g, p.mask)) for p in split.parts] == [(board.host, ["sqrt"])]
     assert split.on_host[0].source == "capability"
     assert split_info(g, board)["vela_whole_source"].startswith("capability: ")
+
+
+def test_the_campaign_story_says_where_the_split_came_from() -> None:
+    s = {"written_plan": "p", "dijkstra_plan": "p", "verify": "exact", "baseline": "vela_whole",
+         "estimated_total_s": 1e-3, "vela_whole_source": "vela-compile: one Vela compile"}
+    lines = [t.text for t in story(s)]
+    assert "Vela whole's split: vela-compile: one Vela compile" in lines
+    assert not any("Vela whole's split" in t.text
+                   for t in story({**s, "vela_whole_source": None}))
