@@ -49,6 +49,9 @@ class PlacementSource(enum.Enum):
     VELA = "vela"  # Vela compiled the node's operators: NPU, or CPU with Vela's reason
     CONVERTER = "converter"  # the int8 converter does not write it: on the CPU, float32
     FOLDED = "folded"  # a conversion-time constant: no operator at all
+    # where no whole compile was made, or the split moved a node after it:
+    CAPABILITY = "capability"  # the NPU target's capability check refused it
+    GELU = "gelu"  # part of an exact-GELU chain, which the converter writes only whole
 
 
 class PlacementError(RuntimeError):

@@ -33,9 +33,10 @@ from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.plan import PartitionEntry, Plan
 from collage_farm.core.target import Target
-from collage_farm.postsearch.vela_split import HostNode, vela_split
+from collage_farm.postsearch.vela_split import vela_split
 from collage_farm.postsearch.vela_whole import ethos_u_board
 from runners.registry import capabilities_for_target
+from runners.vela_placement import NodePlacement, PlacementSource
 
 __all__ = ["FIGURES", "DetailsOf", "ethos_partitions", "host_partition", "host_reasons",
            "npu_partition", "with_ethos_figures"]
@@ -73,7 +74,7 @@ def npu_partition(entry: PartitionEntry, details: Mapping[str, Any]) -> dict[str
 
 
 def host_reasons(graph: DataflowGraph, nodes: Sequence[str], npu: Target,
-                 compiled: Mapping[str, HostNode] | None = None) -> list[dict[str, Any]]:
+                 compiled: Mapping[str, NodePlacement] | None = None) -> list[dict[str, Any]]:
     """Why each of ``nodes`` (on the host) is not on ``npu`` (module docstring);
     ``compiled``: the host nodes of Vela whole's split read back from its compile."""
     caps = capabilities_for_target(npu)
@@ -82,9 +83,10 @@ def host_reasons(graph: DataflowGraph, nodes: Sequence[str], npu: Target,
     for name in nodes:
         node = by_name[name]
         known = (compiled or {}).get(name)
-        if known is not None and known.source in ("vela", "converter"):
+        if known is not None and known.source in (PlacementSource.VELA,
+                                                  PlacementSource.CONVERTER):
             out.append({"node": name, "op_type": node.op_type, "reason": known.reason,
-                        "source": known.source})
+                        "source": known.source.value})
             continue
         why = caps.why_not(node, graph)
         out.append({"node": name, "op_type": node.op_type,
@@ -95,7 +97,7 @@ def host_reasons(graph: DataflowGraph, nodes: Sequence[str], npu: Target,
 
 
 def host_partition(entry: PartitionEntry, details: Mapping[str, Any], graph: DataflowGraph,
-                   npu: Target, compiled: Mapping[str, HostNode] | None = None
+                   npu: Target, compiled: Mapping[str, NodePlacement] | None = None
                    ) -> dict[str, Any]:
     """A host partition's figures from its cycle-model row details (`runners.cortex_m`)."""
     return {
@@ -111,7 +113,7 @@ def host_partition(entry: PartitionEntry, details: Mapping[str, Any], graph: Dat
 
 def ethos_partitions(graph: DataflowGraph, partitions: Sequence[PartitionEntry],
                      targets: Sequence[Target], npu: Target, details_of: DetailsOf,
-                     compiled: Mapping[str, HostNode] | None = None
+                     compiled: Mapping[str, NodePlacement] | None = None
                      ) -> dict[str, dict[str, Any]]:
     """Per partition id: its figures (`npu_partition` / `host_partition`); partitions on no
     Ethos-U board target are left out; ``compiled``: Vela whole's host nodes by name."""

@@ -37,9 +37,9 @@ from runners.calibration import calibrate
 from runners.cortex_m import joint_groups
 from runners.ethosu import vela_config
 from runners.registry import capabilities_for_target
-from runners.vela_placement import VelaPlacement, vela_placement
+from runners.vela_placement import NodePlacement, PlacementSource, VelaPlacement, vela_placement
 
-__all__ = ["Board", "HostNode", "SplitSource", "VelaSplit", "capability_split", "vela_split"]
+__all__ = ["Board", "SplitSource", "VelaSplit", "capability_split", "vela_split"]
 
 
 class SplitSource(enum.Enum):
@@ -58,32 +58,20 @@ class Board:
 
 
 @dataclass(frozen=True)
-class HostNode:
-    """A node of the split on the host, why, and who said so (``vela``: Vela's compile log;
-    ``converter``: not written in int8; ``capability``: the NPU target's check; ``gelu``: part
-    of an exact-GELU chain that the host takes whole)."""
-
-    node: str
-    op_type: str
-    reason: str
-    source: str
-
-
-@dataclass(frozen=True)
 class VelaSplit:
     """Vela whole's partitions (execution order), the source used and why, the host nodes."""
 
     parts: tuple[Part, ...]
     source: SplitSource
     note: str  # one line: which source, what was compiled (or why the compile failed)
-    on_host: tuple[HostNode, ...]
+    on_host: tuple[NodePlacement, ...]  # the host nodes, each with its reason and source
     disagreements: tuple[str, ...] = ()  # compile vs capability check, one line each
 
     def to_json(self) -> dict:
         return {"source": self.source.value, "note": self.note,
                 "disagreements": list(self.disagreements),
                 "on_host": {h.node: {"op_type": h.op_type, "reason": h.reason,
-                                     "source": h.source} for h in self.on_host}}
+                                     "source": h.source.value} for h in self.on_host}}
 
 
 def _capability(graph: DataflowGraph, board: Board) -> list[str | None]:
@@ -107,7 +95,8 @@ def _runs(graph: DataflowGraph, on_npu: Sequence[bool], board: Board) -> tuple[P
     return tuple(parts)
 
 
-def _split(graph: DataflowGraph, board: Board, why: Sequence[tuple[str, str] | None],
+def _split(graph: DataflowGraph, board: Board,
+           why: Sequence[tuple[str, PlacementSource] | None],
            source: SplitSource, note: str, disagreements: tuple[str, ...] = ()) -> VelaSplit:
     """The split of a per-node placement (``why[i]``: None on the NPU, else (reason,
     source)); ValueError names the first host node the host does not take."""
@@ -117,7 +106,7 @@ def _split(graph: DataflowGraph, board: Board, why: Sequence[tuple[str, str] | N
         if any(reasons[i] is not None for i in group):
             for i in group:
                 reasons[i] = reasons[i] or ("part of an exact-GELU chain (Erf), which the "
-                                            "converter writes only whole", "gelu")
+                                            "converter writes only whole", PlacementSource.GELU)
     on_host = []
     for node, r in zip(graph.nodes, reasons):
         if r is None:
@@ -126,14 +115,15 @@ def _split(graph: DataflowGraph, board: Board, why: Sequence[tuple[str, str] | N
         if host_why is not None:
             raise ValueError(f"{node.op_type} node {node.name!r} runs on neither "
                              f"{board.npu.id} ({r[0]}) nor {board.host.id} ({host_why})")
-        on_host.append(HostNode(node.name, node.op_type, r[0], r[1]))
+        on_host.append(NodePlacement(node.name, node.op_type, False, r[0], r[1]))
     parts = _runs(graph, [r is None for r in reasons], board)
     return VelaSplit(parts, source, note, tuple(on_host), disagreements)
 
 
 def capability_split(graph: DataflowGraph, board: Board, note: str = "") -> VelaSplit:
     """The split the NPU target's capability check derives (module docstring)."""
-    why = [None if w is None else (w, "capability") for w in _capability(graph, board)]
+    why = [None if w is None else (w, PlacementSource.CAPABILITY)
+           for w in _capability(graph, board)]
     return _split(graph, board, why, SplitSource.CAPABILITY,
                   note or f"{board.npu.id}'s capability check (no whole-model compile asked)")
 
@@ -161,7 +151,7 @@ def _compiled_split(graph: DataflowGraph, board: Board,
         return capability_split(graph, board, note=(
             f"{board.npu.id}'s capability check: the whole-model Vela compile could not be "
             f"made ({type(e).__name__}: {msg})"))
-    why = [None if p.on_npu else (p.reason, p.source.value) for p in placed.nodes]
+    why = [None if p.on_npu else (p.reason, p.source) for p in placed.nodes]
     dis = _compare(graph, placed, cap)
     note = placed.describe() + (f"; {len(dis)} node(s) placed otherwise by the capability "
                                 "check" if dis else "; the capability check agrees")

@@ -12,6 +12,7 @@ from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.postsearch.vela_split import Board, SplitSource, vela_split
 from collage_farm.postsearch.vela_whole import ethos_u_board, split_info, vela_whole_parts
 from collage_farm.report.summary import story
+from runners.vela_placement import PlacementSource
 
 pytest.importorskip("ethosu.vela")
 
@@ -62,9 +63,10 @@ def test_the_split_is_read_back_from_one_vela_compile() -> None:
         (board.npu, ["conv1", "relu1"]), (board.host, ["conv2", "relu2", "sqrt"]),
         (board.npu, ["conv3"])]
     host = {h.node: h for h in split.on_host}
-    assert host["conv2"].source == "vela" and "stride" in host["conv2"].reason.lower()
-    assert host["relu2"].source == "vela"  # fused into conv2's CONV_2D: where Vela put it
-    assert host["sqrt"].source == "converter" and "Sqrt" in host["sqrt"].reason
+    assert host["conv2"].source is PlacementSource.VELA and "stride" in host["conv2"].reason.lower()
+    # relu2 is fused into conv2's CONV_2D: where Vela put it
+    assert host["relu2"].source is PlacementSource.VELA
+    assert host["sqrt"].source is PlacementSource.CONVERTER and "Sqrt" in host["sqrt"].reason
     # node by node the capability check takes relu2 (a RELU alone is Vela's), but the
     # converter fuses it into conv2's CONV_2D, which Vela leaves on the CPU: the compile is
     # right, and the disagreement is recorded
@@ -102,7 +104,7 @@ def test_without_a_whole_compile_the_capability_check_gives_the_split() -> None:
     assert split.source is SplitSource.CAPABILITY
     assert "could not be made" in split.note and "writes none" in split.note
     assert [(p.target, _names(g, p.mask)) for p in split.parts] == [(board.host, ["sqrt"])]
-    assert split.on_host[0].source == "capability"
+    assert split.on_host[0].source is PlacementSource.CAPABILITY
     assert split_info(g, board)["vela_whole_source"].startswith("capability: ")
 
 
