@@ -40,7 +40,7 @@ from estimators.int8_ranges import tensor_ranges_provider
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 
-__all__ = ["FIGURES", "board_of", "simulated_board", "simulated_wholes"]
+__all__ = ["FIGURES", "board_of", "simulated_board", "simulated_wholes", "vela_whole_sources"]
 
 
 def _transition(targets: Sequence[Target]) -> TransitionModel:
@@ -143,3 +143,16 @@ def simulated_wholes(graph: DataflowGraph, targets: Sequence[Target],
                 else:
                     rows[t.id] = s
     return rows, errors
+
+
+def vela_whole_sources(graph: DataflowGraph, targets: Sequence[Target],
+                       calibration: CalibrationData | None = None) -> dict[str, str]:
+    """Per NPU target of a mixed ``targets`` list with a board: where its Vela whole's split
+    came from, one line (the split `simulated_wholes` costed: cached, nothing is compiled
+    again)."""
+    out: dict[str, str] = {}
+    for t in targets:
+        board = board_of(t, targets) if t.toolchain == "vela" else None
+        if board is not None:
+            out[t.id] = split_info(graph, board, calibration)["vela_whole_source"]
+    return out
