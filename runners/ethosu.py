@@ -306,9 +306,10 @@ def _softmax_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str |
 
 
 def _global_pool_why(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
-    if len(_shape(graph, node.inputs[0])) != 4:
-        return "1-D global pooling (a rank-3 input) is not written for Vela"
-    n, _, h, w = _shape(graph, node.inputs[0])
+    """Vela's MEAN rules on GlobalAveragePool; GlobalMaxPool (REDUCE_MAX) has no shape rule.
+    A rank-3 input [N, C, L] is reduced over L (the converter keeps its ONNX layout)."""
+    shape = _shape(graph, node.inputs[0])
+    n, h, w = (shape[0], shape[2], shape[3]) if len(shape) == 4 else (shape[0], 1, shape[-1])
     if node.op_type == "GlobalAveragePool":
         if n != 1:
             return f"MEAN needs batch 1 (batch {n})"

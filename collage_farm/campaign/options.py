@@ -111,4 +111,4 @@ def post_search_options(opts: TuneOptions) -> PostSearchOptions:
         targets=tuple(opts.targets), pins=pins,
         verify=opts.verify, refine_trials=opts.refine_trials, refine_time_s=opts.refine_time_s,
         verify_rounds=opts.verify_rounds, verify_extend_rounds=opts.verify_extend_rounds,
-        report=opts.report)
+        report=opts.report, calibration=opts.calibration)

@@ -170,7 +170,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     candidates = all_candidates(graph, specs)
     # on an Ethos-U board, Vela's own partitioning is a plan the search can always fall back to
     have = set(candidates)
-    candidates += [c for c in baseline_candidates(graph, opts.targets) if c not in have]
+    candidates += [c for c in baseline_candidates(graph, opts.targets, opts.calibration)
+                   if c not in have]
     if opts.pins is not None:
         candidates = filter_candidates(candidates, opts.pins)
     fingerprints = {c.fingerprint for c in candidates}
@@ -201,8 +202,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         clock.lap("cut_costs")
         profile_info: dict | None = None
         if profile_mode and ethos_u_board(opts.targets) is not None:  # simulated board
-            est, profile_info = board_profiled(graph, profile_candidates(graph, opts.targets),
-                                               est, table)
+            profiles = profile_candidates(graph, opts.targets, opts.calibration)
+            est, profile_info = board_profiled(graph, profiles, est, table)
         elif profile_mode:
             est, profile_info = profiled_estimator(opts, graph, est, cut_info, builder)
         clock.lap("profiles")
@@ -270,8 +271,8 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         plan.extra["never_worse"] = post.info
     if decision is not None:
         plan.extra["decision"] = decision.to_json()
-    plan = with_ethos_figures(plan, graph, opts.targets,
-                              _row_details(table, plan, opts.targets))  # Ethos-U boards
+    plan = with_ethos_figures(plan, graph, opts.targets,  # Ethos-U boards
+                              _row_details(table, plan, opts.targets), opts.calibration)
     write_plan(plan, graph, result, opts.out)
     clock.lap("plan")
 

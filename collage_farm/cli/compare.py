@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from collage_farm.campaign import build_specs
-from collage_farm.cli.compare_board import simulated_board, simulated_wholes
+from collage_farm.cli.compare_board import simulated_board, simulated_wholes, vela_whole_sources
 from collage_farm.cli.inputs import (
     add_calibration_arg,
     add_input_arg,
@@ -105,6 +105,9 @@ def run_compare(args: argparse.Namespace) -> int:
     if sim_s or sim_errors:
         out["simulated_s"] = sim_s
         out["simulated_figures"] = FIGURES
+        sources = vela_whole_sources(graph, targets, calibration)
+        if sources:  # per NPU target: where its Vela whole's split came from
+            out["vela_whole_source"] = sources
     if spread is not None:
         out["subgraphs"] = spread
         if args.plot and spread:
@@ -129,6 +132,8 @@ def run_compare(args: argparse.Namespace) -> int:
         _print_compare(graph.name, rows, cmp, out, spread, args)
         for k, v in sim_rows:
             print(f"  {k:14s} {fmt_ms(v):>14s}  ({FIGURES})")
+        for k, line in (out.get("vela_whole_source") or {}).items():
+            print(f"  {k} vela-whole split: {line}")
     return 0
 
 
@@ -178,6 +183,8 @@ def _print_board(model: str, out: dict[str, Any], args: argparse.Namespace) -> i
         print(f"  {k:14s} {fmt_ms(v):>14s}  {v / best:6.2f}x  (simulated)" if best else k)
     for k, e in out["errors"].items():
         print(f"  {k:14s} no figure: {' '.join(e.split())[:200]}")
+    if out.get("vela_whole_source"):
+        print(f"vela-whole split: {out['vela_whole_source']}")
     if "plot" in out:
         print(f"plot: {out['plot']}")
     return 0

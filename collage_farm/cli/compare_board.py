@@ -6,7 +6,9 @@ the Cortex-M) through a `LocalService`, with the board's transition model:
 
 * `simulated_board`: ``--targets`` is a board (an NPU and its host): each target's whole model
   (where it takes every node), **Vela whole** (Vela's own NPU / host split,
-  `collage_farm.postsearch.vela_whole`) and, with ``--plan``, the plan's estimate;
+  `collage_farm.postsearch.vela_whole`, with the line saying whether it was read back from
+  one Vela compile of the whole model or derived from the capability check) and, with
+  ``--plan``, the plan's estimate;
 * `simulated_wholes`: ``--targets`` mixes timed toolchains with Ethos-U parts: each NPU target
   gets its Vela-whole figure on its board (its host: a Cortex-M target in the list, else the
   one of the built-in system declaring the NPU), each Cortex-M target its whole model; the
@@ -33,12 +35,12 @@ from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import EMBEDDED_TOOLCHAINS, Target
 from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
 from collage_farm.costtable import TableStore
-from collage_farm.postsearch.vela_whole import FIGURES, Board, vela_whole
+from collage_farm.postsearch.vela_whole import FIGURES, Board, split_info, vela_whole
 from estimators.int8_ranges import tensor_ranges_provider
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 
-__all__ = ["FIGURES", "board_of", "simulated_board", "simulated_wholes"]
+__all__ = ["FIGURES", "board_of", "simulated_board", "simulated_wholes", "vela_whole_sources"]
 
 
 def _transition(targets: Sequence[Target]) -> TransitionModel:
@@ -90,13 +92,15 @@ def simulated_board(graph: DataflowGraph, targets: Sequence[Target], board: Boar
             else:
                 rows[t.id] = s
         try:
-            rows["vela-whole"] = vela_whole(graph, board, est, transition).total_s
+            rows["vela-whole"] = vela_whole(graph, board, est, transition,
+                                            calibration).total_s
         except ValueError as e:
             errors["vela-whole"] = str(e)
     if plan is not None:
         rows["plan"] = float(load_plan(plan)[0].estimated_total_s)
     return {"model": graph.name, "figures": FIGURES, "transition": transition.label,
-            "simulated_s": rows, "errors": errors}
+            "simulated_s": rows, "errors": errors,
+            **split_info(graph, board, calibration)}
 
 
 def board_of(npu: Target, targets: Sequence[Target]) -> Board | None:
@@ -128,7 +132,8 @@ def simulated_wholes(graph: DataflowGraph, targets: Sequence[Target],
                 errors[t.id] = "no Cortex-M host declared for this NPU (give one in --targets)"
             elif board is not None:
                 try:
-                    rows[t.id] = vela_whole(graph, board, est, transition).total_s
+                    rows[t.id] = vela_whole(graph, board, est, transition,
+                                            calibration).total_s
                 except ValueError as e:
                     errors[t.id] = str(e)
             else:
@@ -138,3 +143,16 @@ def simulated_wholes(graph: DataflowGraph, targets: Sequence[Target],
                 else:
                     rows[t.id] = s
     return rows, errors
+
+
+def vela_whole_sources(graph: DataflowGraph, targets: Sequence[Target],
+                       calibration: CalibrationData | None = None) -> dict[str, str]:
+    """Per NPU target of a mixed ``targets`` list with a board: where its Vela whole's split
+    came from, one line (the split `simulated_wholes` costed: cached, nothing is compiled
+    again)."""
+    out: dict[str, str] = {}
+    for t in targets:
+        board = board_of(t, targets) if t.toolchain == "vela" else None
+        if board is not None:
+            out[t.id] = split_info(graph, board, calibration)["vela_whole_source"]
+    return out

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.phases import PhaseClock
 from collage_farm.core.pins import PinSet
@@ -70,6 +71,9 @@ class PostSearchOptions:
     # > 0, with a `ProfiledEstimator` (estimates measure nothing): a refinement move whose
     # plan is estimated slower than the current plan by more than this share is not run
     refine_skip_loss: float = 0.0
+    # the campaign's int8 samples (an Ethos-U board's Vela whole is compiled with their
+    # ranges); None: seeded random
+    calibration: CalibrationData | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     clock = PhaseClock()
     board = ethos_u_board(opts.targets)
     if board is not None and opts.verify:  # simulated board: exact, against Vela whole
-        out, info = exact_never_worse(graph, board, result, est, transition)
+        out, info = exact_never_worse(graph, board, result, est, transition,
+                                      opts.calibration)
         clock.lap("never_worse")
         return PostSearch(out, info, {}, clock.wall_s, dict(clock.phases))
     builder = builder or PlanBuilder(graph, threads=1)  # the campaign's: sessions reused

@@ -10,6 +10,9 @@ from three places, each labelled in ``source``:
 * ``vela``: Vela itself placed a TFLite operator of an NPU partition on the CPU; the reason is
   Vela's own warning (``Reason: ...`` and the constraint text) from that compile
   (`runners.vela_estimate.cpu_reasons`);
+* ``vela`` / ``converter`` on a host partition: Vela whole's split (one Vela compile of the
+  whole model, `collage_farm.postsearch.vela_split`) has the node on the CPU, by Vela's own
+  reason from that compile, or because the int8 converter writes it in float32 only;
 * ``capability``: the NPU target's capability check refused the node
   (`runners.ethosu.VelaCapabilities`: the converter cannot write it in int8, or a Vela
   constraint restated from Vela's published constraint text, each confirmed by compiling in the
@@ -26,11 +29,14 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.plan import PartitionEntry, Plan
 from collage_farm.core.target import Target
+from collage_farm.postsearch.vela_split import vela_split
 from collage_farm.postsearch.vela_whole import ethos_u_board
 from runners.registry import capabilities_for_target
+from runners.vela_placement import NodePlacement, PlacementSource
 
 __all__ = ["FIGURES", "DetailsOf", "ethos_partitions", "host_partition", "host_reasons",
            "npu_partition", "with_ethos_figures"]
@@ -67,14 +73,21 @@ def npu_partition(entry: PartitionEntry, details: Mapping[str, Any]) -> dict[str
     }
 
 
-def host_reasons(graph: DataflowGraph, nodes: Sequence[str], npu: Target
-                 ) -> list[dict[str, Any]]:
-    """Why each of ``nodes`` (on the host) is not on ``npu`` (module docstring)."""
+def host_reasons(graph: DataflowGraph, nodes: Sequence[str], npu: Target,
+                 compiled: Mapping[str, NodePlacement] | None = None) -> list[dict[str, Any]]:
+    """Why each of ``nodes`` (on the host) is not on ``npu`` (module docstring);
+    ``compiled``: the host nodes of Vela whole's split read back from its compile."""
     caps = capabilities_for_target(npu)
     by_name = {n.name: n for n in graph.nodes}
     out = []
     for name in nodes:
         node = by_name[name]
+        known = (compiled or {}).get(name)
+        if known is not None and known.source in (PlacementSource.VELA,
+                                                  PlacementSource.CONVERTER):
+            out.append({"node": name, "op_type": node.op_type, "reason": known.reason,
+                        "source": known.source.value})
+            continue
         why = caps.why_not(node, graph)
         out.append({"node": name, "op_type": node.op_type,
                     "reason": why or f"{npu.id} takes it; the plan is cheaper with it on the "
@@ -84,7 +97,8 @@ def host_reasons(graph: DataflowGraph, nodes: Sequence[str], npu: Target
 
 
 def host_partition(entry: PartitionEntry, details: Mapping[str, Any], graph: DataflowGraph,
-                   npu: Target) -> dict[str, Any]:
+                   npu: Target, compiled: Mapping[str, NodePlacement] | None = None
+                   ) -> dict[str, Any]:
     """A host partition's figures from its cycle-model row details (`runners.cortex_m`)."""
     return {
         "half": "host",
@@ -93,15 +107,16 @@ def host_partition(entry: PartitionEntry, details: Mapping[str, Any], graph: Dat
         "host_s": details.get("seconds"),
         "mode": details.get("mode"),
         "npu_cycles": 0,
-        "on_host": host_reasons(graph, entry.nodes, npu),
+        "on_host": host_reasons(graph, entry.nodes, npu, compiled),
     }
 
 
 def ethos_partitions(graph: DataflowGraph, partitions: Sequence[PartitionEntry],
-                     targets: Sequence[Target], npu: Target, details_of: DetailsOf
+                     targets: Sequence[Target], npu: Target, details_of: DetailsOf,
+                     compiled: Mapping[str, NodePlacement] | None = None
                      ) -> dict[str, dict[str, Any]]:
     """Per partition id: its figures (`npu_partition` / `host_partition`); partitions on no
-    Ethos-U board target are left out."""
+    Ethos-U board target are left out; ``compiled``: Vela whole's host nodes by name."""
     by_id = {t.id: t for t in targets}
     out: dict[str, dict[str, Any]] = {}
     for p in partitions:
@@ -110,17 +125,24 @@ def ethos_partitions(graph: DataflowGraph, partitions: Sequence[PartitionEntry],
             continue
         details = details_of(p.fingerprint, target)
         out[p.id] = (npu_partition(p, details) if target.toolchain == "vela"
-                     else host_partition(p, details, graph, npu))
+                     else host_partition(p, details, graph, npu, compiled))
     return out
 
 
 def with_ethos_figures(plan: Plan, graph: DataflowGraph, targets: Sequence[Target],
-                       details_of: DetailsOf | None) -> Plan:
+                       details_of: DetailsOf | None,
+                       calibration: CalibrationData | None = None) -> Plan:
     """``plan`` with each partition's ``ethos`` figures when ``targets`` are an Ethos-U board
-    and the campaign's cost rows are readable (``details_of``); otherwise ``plan`` unchanged."""
+    and the campaign's cost rows are readable (``details_of``); otherwise ``plan`` unchanged.
+    ``calibration``: the campaign's int8 samples (Vela whole's split, computed once)."""
     board = ethos_u_board(targets)
     if board is None or details_of is None:
         return plan
-    figures = ethos_partitions(graph, plan.partitions, targets, board.npu, details_of)
+    try:
+        compiled = {h.node: h for h in vela_split(graph, board, calibration).on_host}
+    except ValueError:  # a node on neither half: the capability check's reasons only
+        compiled = {}
+    figures = ethos_partitions(graph, plan.partitions, targets, board.npu, details_of,
+                               compiled)
     parts = tuple(dataclasses.replace(p, ethos=figures.get(p.id)) for p in plan.partitions)
     return dataclasses.replace(plan, partitions=parts)

@@ -2,18 +2,11 @@
 
 What an Ethos-U user gets without Collage: the whole model compiled by Vela, which places on the
 NPU every operator it can and leaves the rest to the Cortex-M host, the model's operator order
-deciding where the NPU sub-graphs start and end. `vela_whole_parts` reproduces that split on
-the model's own (post-DFS, topological) node order: each maximal run of nodes that the NPU
-target's capability check accepts (`runners.ethosu.VelaCapabilities`, Vela's published
-constraints, checked against Vela's placement by unit tests) is one NPU partition, compiled by
-Vela as one model; each maximal run of the others is one host partition. A run of a
-topological order is convex, so this is always a valid plan. The split is computed from the
-capability check rather than read back from a single whole-model compile because the int8
-converter does not write every operator of every model (GATHER and the LayerNorm decomposition
-exist in float32 only), while the host takes them in float32. Two rules follow the
-converter: a node it folds into a constant emits nothing and goes with the NPU when Vela takes
-its neighbours, and the exact-GELU chain around an Erf (a TFLite GELU in float32 only) goes to
-the host whole.
+deciding where the NPU sub-graphs start and end. `vela_whole_parts` is that split
+(`collage_farm.postsearch.vela_split.vela_split`): read back from one Vela compile of the whole
+model, or, where that compile cannot be made, derived from the NPU target's capability check;
+the summary says which (``vela_whole_source``) and lists each host node with its reason
+(``vela_whole_split``).
 
 The baseline is costed exactly like the search's plans: its partitions are ordinary candidates
 (``rule="vela-whole"``), priced by the campaign's estimator (Vela cycles for the NPU, the host's
@@ -29,8 +22,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import CostEstimator
 from collage_farm.core.graph import DataflowGraph
@@ -39,23 +32,14 @@ from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import EMBEDDED_TOOLCHAINS, Target
 from collage_farm.core.transition import TransitionModel
 from collage_farm.execute.builder import Part
-from runners.cortex_m import joint_groups
-from runners.registry import capabilities_for_target
+from collage_farm.postsearch.vela_split import Board, VelaSplit, vela_split
 
 __all__ = ["Board", "baseline_candidates", "ethos_u_board", "exact_never_worse",
-           "profile_candidates", "vela_whole", "vela_whole_parts"]
+           "profile_candidates", "split_info", "vela_whole", "vela_whole_parts"]
 
 RULE = "vela-whole"
 FIGURES = ("simulated: Vela's cycle estimate for the NPU and the analytic cycle model of the "
            "Cortex-M host (runners.host_model); not measured on a board")
-
-
-@dataclass(frozen=True)
-class Board:
-    """The two halves of an Ethos-U campaign: the NPU target Vela compiles for, and the host."""
-
-    npu: Target
-    host: Target
 
 
 def ethos_u_board(targets: Sequence[Target]) -> Board | None:
@@ -68,67 +52,37 @@ def ethos_u_board(targets: Sequence[Target]) -> Board | None:
     return Board(npus[0], hosts[0]) if npus and hosts else None
 
 
-def _placement_of(graph: DataflowGraph, board: Board) -> list[Target]:
-    """Per node (by index): the NPU when Vela takes it, else the host; a node the host maps
-    only together with others (`runners.cortex_m.joint_groups`) takes them all to the host."""
-    npu = capabilities_for_target(board.npu)
-    host = capabilities_for_target(board.host)
-    place: list[Target] = []
-    for node in graph.nodes:
-        if npu.supports(node, graph):
-            place.append(board.npu)
-            continue
-        why = host.why_not(node, graph)
-        if why is not None:
-            raise ValueError(f"{node.op_type} node {node.name!r} runs on neither "
-                             f"{board.npu.id} nor {board.host.id} ({why})")
-        place.append(board.host)
-    for group in joint_groups(graph):
-        if any(place[i] == board.host for i in group):
-            for i in group:
-                place[i] = board.host
-    return place
-
-
-def vela_whole_parts(graph: DataflowGraph, board: Board) -> list[Part]:
-    """Vela's split of ``graph`` (module docstring), in execution order.
+def vela_whole_parts(graph: DataflowGraph, board: Board,
+                     calibration: CalibrationData | None = None) -> list[Part]:
+    """Vela's split of ``graph`` (module docstring), in execution order; ``calibration``:
+    the int8 samples (seeded random by default).
 
     ValueError names the first node that neither the NPU nor the host takes.
     """
-    parts: list[Part] = []
-    mask = 0
-    run: Target | None = None
-    for node, target in zip(graph.nodes, _placement_of(graph, board)):
-        if target != run and mask:
-            assert run is not None
-            parts.append(Part(mask, run))
-            mask = 0
-        run = target
-        mask |= 1 << node.index
-    if mask:
-        assert run is not None
-        parts.append(Part(mask, run))
-    return parts
+    return list(vela_split(graph, board, calibration).parts)
 
 
 def _candidates(graph: DataflowGraph, parts: Sequence[Part]) -> list[CandidatePartition]:
     return [CandidatePartition(SubGraph(graph, p.mask), p.target, rule=RULE) for p in parts]
 
 
-def baseline_candidates(graph: DataflowGraph, targets: Sequence[Target]
+def baseline_candidates(graph: DataflowGraph, targets: Sequence[Target],
+                        calibration: CalibrationData | None = None
                         ) -> list[CandidatePartition]:
     """The Vela-whole partitions as candidates when ``targets`` are an Ethos-U board (none
-    otherwise, or when some node runs on neither half: the search then says which)."""
+    otherwise, or when some node runs on neither half: the search then says which);
+    ``calibration``: the campaign's int8 samples (seeded random by default)."""
     board = ethos_u_board(targets)
     if board is None:
         return []
     try:
-        return _candidates(graph, vela_whole_parts(graph, board))
+        return _candidates(graph, vela_whole_parts(graph, board, calibration))
     except ValueError:
         return []
 
 
-def profile_candidates(graph: DataflowGraph, targets: Sequence[Target]
+def profile_candidates(graph: DataflowGraph, targets: Sequence[Target],
+                       calibration: CalibrationData | None = None
                        ) -> list[CandidatePartition]:
     """The profile builds of a board's ``profile`` mode (`estimators.board_profiled`):
     Vela's split's NPU partitions on each NPU target (variants included), every partition of
@@ -137,7 +91,7 @@ def profile_candidates(graph: DataflowGraph, targets: Sequence[Target]
     if board is None:
         return []
     try:
-        parts = vela_whole_parts(graph, board)
+        parts = vela_whole_parts(graph, board, calibration)
     except ValueError:
         return []
     out: list[CandidatePartition] = []
@@ -149,12 +103,13 @@ def profile_candidates(graph: DataflowGraph, targets: Sequence[Target]
 
 
 def vela_whole(graph: DataflowGraph, board: Board, est: CostEstimator,
-               transition: TransitionModel) -> SearchResult:
+               transition: TransitionModel, calibration: CalibrationData | None = None
+               ) -> SearchResult:
     """The Vela-whole plan costed by ``est`` with ``transition`` (the search over its own
     partitions only, so transfers and invocations are charged as for any plan).
 
     ValueError when a node runs on neither half or a partition has no valid cost."""
-    cands = _candidates(graph, vela_whole_parts(graph, board))
+    cands = _candidates(graph, vela_whole_parts(graph, board, calibration))
     try:
         return search(graph, cands, est, transition, lazy=False)
     except NoCoverError as e:
@@ -168,16 +123,32 @@ def _placement(graph: DataflowGraph, result: SearchResult) -> dict[str, str]:
             for i in range(len(graph.nodes)) if p.candidate.mask >> i & 1}
 
 
+def split_info(graph: DataflowGraph, board: Board,
+               calibration: CalibrationData | None = None) -> dict:
+    """The summary's account of Vela whole's split: ``vela_whole_source`` (one line: the
+    whole-model compile or the capability check, and why) and ``vela_whole_split`` (the
+    source, each host node with its reason, the nodes compile and check disagree on)."""
+    try:
+        split: VelaSplit = vela_split(graph, board, calibration)
+    except ValueError as e:
+        return {"vela_whole_source": f"none: {e}"}
+    return {"vela_whole_source": f"{split.source.value}: {split.note}",
+            "vela_whole_split": split.to_json()}
+
+
 def exact_never_worse(graph: DataflowGraph, board: Board, result: SearchResult,
-                      est: CostEstimator, transition: TransitionModel
+                      est: CostEstimator, transition: TransitionModel,
+                      calibration: CalibrationData | None = None
                       ) -> tuple[SearchResult, dict]:
     """The plan to write (the search's, or Vela whole when it is not cheaper: no noise
-    threshold) and the summary's figures of the comparison."""
+    threshold) and the summary's figures of the comparison; ``calibration``: the campaign's
+    int8 samples."""
     info: dict = {"figures": FIGURES, "baseline": "vela_whole",
                   "verify": "exact: the plan's simulated figures against Vela whole's (both "
-                            "deterministic); nothing is timed end to end"}
+                            "deterministic); nothing is timed end to end",
+                  **split_info(graph, board, calibration)}
     try:
-        base = vela_whole(graph, board, est, transition)
+        base = vela_whole(graph, board, est, transition, calibration)
     except ValueError as e:
         info.update(plan_is="dijkstra", vela_whole_estimated_s=None,
                     never_worse=f"not checked: {e}")

@@ -5,8 +5,10 @@ Self-contained: `ethos_section` reads only the plan's per-partition ``ethos`` fi
 plan without them (any other system) gives no lines. Per partition: its target and the Vela
 options it was compiled with, NPU cycles (Vela's estimate, simulated) and host cycles (the
 analytic Cortex-M cycle model), then every operator that runs on the host with the reason and
-where the reason comes from (``vela``: Vela's own warning; ``capability``: the NPU target's
-check; ``search``: the NPU takes it, the plan is cheaper without).
+where the reason comes from (``vela``: Vela's own warning, from the partition's compile or
+from the compile of the whole model; ``converter``: the int8 converter writes it in float32
+only; ``capability``: the NPU target's check; ``search``: the NPU takes it, the plan is cheaper
+without).
 """
 
 from __future__ import annotations

@@ -348,6 +348,9 @@ def story(s: Mapping[str, Any]) -> list[StoryLine]:
             lines.append(StoryLine(Section.PLAN, f"written plan: {written}; not measured end "
                                                  f"to end: {s.get('verify', 'not checked')}"))
         lines.append(StoryLine(Section.ESTIMATE, _estimate(s, written, False)))
+    if s.get("vela_whole_source"):  # an Ethos-U board: where the baseline's split comes from
+        lines.append(StoryLine(Section.DECISION,
+                               f"Vela whole's split: {s['vela_whole_source']}"))
     if s.get("plan_measured_s") is not None or s.get("dijkstra_plan") != written:
         lines += [StoryLine(Section.HISTORY, t) for t in _history(s)]
     return lines

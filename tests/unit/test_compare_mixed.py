@@ -36,10 +36,13 @@ def test_ethos_target_beside_ort_gets_a_simulated_vela_whole_figure() -> None:
     assert d["simulated_s"]["ethos-u55-128"] > 0
     assert "simulated" in d["simulated_figures"]
     assert "ethos-u55-128" not in d["single_errors"]
+    # the split was read back from one Vela compile of the whole model, and says so
+    assert d["vela_whole_source"]["ethos-u55-128"].startswith("vela-compile: one Vela compile")
     assert d["singles_s"]["ort-cpu"] > 0
     rc, out, err = _cli(["compare", "zoo:mnist", "--targets", "ort-cpu,ethos-u55-128",
                          "--rounds", "2", "--min-round-s", "0.005"])
     assert rc == 0 and "ethos-u55-128 Vela whole (simulated)" in out, out + err
+    assert "ethos-u55-128 vela-whole split: vela-compile" in out
     assert "no whole-model measurement" not in out
 
 

@@ -181,6 +181,11 @@ def _mean(h: int) -> onnx.ModelProto:
                      [1, 2, 1, 1])
 
 
+def _pool1d(op: str, length: int) -> onnx.ModelProto:
+    """A global pool of a rank-3 input [1, C, L] (magika's GlobalMaxPool): reduced over L."""
+    return _one_node(helper.make_node(op, ["x"], ["y"]), [1, 16, length], [1, 16, 1])
+
+
 def _fc(n_in: int) -> onnx.ModelProto:
     w = numpy_helper.from_array(np.full((n_in, 2), 0.01, np.float32), "w")
     return _one_node(helper.make_node("MatMul", ["x", "w"], ["y"]), [1, n_in], [1, 2], (w,))
@@ -218,6 +223,8 @@ BOUNDARIES = {
     "depthwise_stride": (_dw(3), _dw(4), "depthwise stride"),
     "same_avgpool_kernel": (_avg(8), _avg(9), "SAME padding exceeds"),
     "mean_axis": (_mean(4096), _mean(4097), "reduced axis"),
+    "mean_axis_rank3": (_pool1d("GlobalAveragePool", 4096),
+                        _pool1d("GlobalAveragePool", 4097), "reduced axis"),
     "fc_weight_sum": (_fc(65536), _fc(65537), "sum of absolute int8 weights"),
     "conv_stride_gt3_same": (_conv_s4("VALID"), _conv_s4("SAME_UPPER"), "needs dilation 1 and"),
     "softmax_hw": (_softmax(256, 256), _softmax(256, 257), "H*W"),
@@ -239,6 +246,17 @@ def test_vela_constraints_match_what_vela_does(case: str) -> None:
     assert ok["cpu_ops"] == 0 and ok["npu_ops"] >= 1, ok["ops"]
     assert bad["cpu_ops"] >= 1, bad["ops"]
     assert any(op["target"] == "cpu" for op in bad["ops"])
+
+
+def test_rank3_global_max_pool_lands_on_the_npu() -> None:
+    """REDUCE_MAX has no shape rule in Vela: a 1-D global max pool of any length is taken (the
+    capability check refused every rank-3 global pool until a whole-model compile of magika
+    put its GlobalMaxPool on the NPU)."""
+    for length in (64, 4097):
+        g = load_graph(_pool1d("GlobalMaxPool", length))
+        assert VelaCapabilities().why_not(g.nodes[0], g) is None
+        est = _estimate(g)
+        assert est["cpu_ops"] == 0 and [o["target"] for o in est["ops"]] == ["npu"], est["ops"]
 
 
 # --- estimates -------------------------------------------------------------------------------
