@@ -108,6 +108,7 @@ from runners.vela_facts import VELA_DEFAULTS, accelerator_family
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
     from collage_farm.core.target import Target
+    from runners.tflite import ConvertedModel
 
 __all__ = [
     "HOST_MODEL",
@@ -467,6 +468,12 @@ class VelaToolchain(Toolchain):
             return DeviceDescription("ethos-u", accel, config=f"invalid config: {e}")
         return DeviceDescription("ethos-u", cfg.accelerator_config, cores=cfg.cores,
                                  driver="simulated (Vela)", config=cfg.describe())
+
+    def estimate(self, tflite: bytes, cfg: VelaConfig, conv: ConvertedModel | None = None,
+                 host: HostModel | None = None) -> dict:
+        """`runners.vela_estimate.vela_estimate` of a flatbuffer: for a compile that must run
+        in a worker child (`WorkerProcess.invoke`), where a Vela crash costs the child only."""
+        return vela_estimate(tflite, cfg, conv, host or self.host)
 
     # --- build ---------------------------------------------------------------------------
     def build(self, inp: BuildInput) -> BuildResult:

@@ -15,7 +15,9 @@ the placement back per ONNX node:
    the CPU; here they are on the host with the converter's reason (source ``converter``), and
    every operator the converter does write in int8 is judged by Vela itself;
 2. the flatbuffer is compiled by Vela (`runners.vela_estimate.vela_estimate`: Vela's C++ core,
-   its optimised database read back per TFLite operator) with the NPU target's configuration;
+   its optimised database read back per TFLite operator) with the NPU target's configuration,
+   in a fresh worker child (`runners.isolation.WorkerProcess`): a Vela crash or hang costs the
+   child and the placement (the caller falls back), never the campaign;
 3. a node is on the CPU when any TFLite operator it is part of is a Vela ``Passthrough``, with
    Vela's own reason from its compile log (source ``vela``); a node that emits no operator (a
    conversion-time constant: shape arithmetic) is reported ``folded`` and placed on the NPU
@@ -35,12 +37,17 @@ from dataclasses import dataclass
 
 from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.core.subgraph import SubGraph
-from runners.tflite import ConversionError, convert, convertible
+from runners.isolation import WorkerError, WorkerProcess
+from runners.tflite import ConversionError, ConvertedModel, convert, convertible
 from runners.tflite.fold import _folded
-from runners.vela_estimate import HOST_MODEL, HostModel, VelaConfig, vela_estimate
+from runners.vela_estimate import HOST_MODEL, HostModel, VelaConfig
 
-__all__ = ["NodePlacement", "PlacementError", "PlacementSource", "VelaPlacement",
-           "vela_placement"]
+__all__ = ["COMPILE_TIMEOUT_S", "NodePlacement", "PlacementError", "PlacementSource",
+           "VelaPlacement", "isolated_estimate", "vela_placement"]
+
+#: the longest a whole-model compile may take in its worker child (gpt2-2L's int8 part
+#: compiles in well under a minute on a loaded 2-core machine)
+COMPILE_TIMEOUT_S = 900.0
 
 
 class PlacementSource(enum.Enum):
@@ -132,12 +139,29 @@ def _npu_of_ops(ops: list[dict]) -> dict[str, tuple[bool, str]]:
     return out
 
 
+def isolated_estimate(tflite: bytes, cfg: VelaConfig, conv: ConvertedModel, host: HostModel,
+                      timeout_s: float = COMPILE_TIMEOUT_S) -> dict:
+    """Vela's estimate of ``tflite`` compiled in a fresh worker child (`runners.isolation`):
+    Vela is native code and has segfaulted on malformed flatbuffers; in the campaign's own
+    process that would end the campaign, here it costs the child. A crash, a hang past
+    ``timeout_s`` or an error raises `PlacementError` (one line)."""
+    try:
+        with WorkerProcess(["vela"], threads=1, name="vela-placement") as worker:
+            return worker.invoke("vela", "estimate", tflite, cfg, conv, host,
+                                 timeout_s=timeout_s)
+    except WorkerError as e:
+        raise PlacementError(f"Vela compile of the model ({e.status.value}): "
+                             f"{' '.join(str(e).split())[:200]}") from None
+
+
 def vela_placement(graph: DataflowGraph, ranges: Mapping[str, tuple[float, float]],
-                   cfg: VelaConfig, host: HostModel = HOST_MODEL) -> VelaPlacement:
+                   cfg: VelaConfig, host: HostModel = HOST_MODEL,
+                   timeout_s: float = COMPILE_TIMEOUT_S) -> VelaPlacement:
     """Vela's placement of ``graph`` compiled for ``cfg`` (module docstring); ``ranges``:
     the whole model's calibrated (min, max) per tensor.
 
-    Raises `PlacementError` (one line) when the conversion or the compile fails."""
+    The compile runs in a worker child (`isolated_estimate`, at most ``timeout_s``). Raises
+    `PlacementError` (one line) when the conversion or the compile fails, crashes or hangs."""
     t0 = time.perf_counter()
     mask, fp32_only = _int8_part(graph)
     if not mask:
@@ -148,11 +172,7 @@ def vela_placement(graph: DataflowGraph, ranges: Mapping[str, tuple[float, float
     except (ConversionError, ValueError) as e:
         raise PlacementError(f"int8 conversion of the model for Vela: "
                              f"{' '.join(str(e).split())[:200]}") from None
-    try:
-        est = vela_estimate(conv.tflite, cfg, conv, host)
-    except Exception as e:  # Vela raises RuntimeError / VelaError on what it rejects
-        raise PlacementError(f"Vela compile of the model: {type(e).__name__}: "
-                             f"{' '.join(str(e).split())[:200]}") from None
+    est = isolated_estimate(conv.tflite, cfg, conv, host, timeout_s)
     placed = _npu_of_ops(est["ops"])
     nodes = []
     for node in graph.nodes:

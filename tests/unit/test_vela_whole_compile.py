@@ -12,7 +12,9 @@ from collage_farm.core.graph import DataflowGraph, load_graph
 from collage_farm.postsearch.vela_split import Board, SplitSource, vela_split
 from collage_farm.postsearch.vela_whole import ethos_u_board, split_info, vela_whole_parts
 from collage_farm.report.summary import story
-from runners.vela_placement import PlacementSource
+from runners.calibration import calibrate
+from runners.ethosu import vela_config
+from runners.vela_placement import PlacementError, PlacementSource, vela_placement
 
 pytest.importorskip("ethosu.vela")
 
@@ -115,3 +117,12 @@ def test_the_campaign_story_says_where_the_split_came_from() -> None:
     assert "Vela whole's split: vela-compile: one Vela compile" in lines
     assert not any("Vela whole's split" in t.text
                    for t in story({**s, "vela_whole_source": None}))
+
+
+def test_a_compile_that_overruns_its_deadline_costs_the_child_not_the_caller() -> None:
+    """The whole compile runs in a worker child: past its deadline the child is killed and
+    the placement fails in one line, which `vela_split`'s callers turn into the fallback."""
+    g = _model()
+    board = _board("ethos-u55-128")
+    with pytest.raises(PlacementError, match=r"Vela compile of the model \(timeout\)"):
+        vela_placement(g, calibrate(g), vela_config(board.npu), timeout_s=0.0)
