@@ -25,11 +25,17 @@ sizes, what the neighbour leaves in the caches), so it is measured per model:
    the verify run did);
 4. a chunk on B entered from another toolchain costs ``median(t in the mixed chain) -
    median(t in the all-B chain)`` more; B's cut cost is the median of these over chunks and
-   partners, floored at 0.
+   partners, floored at 0;
+5. the same points, each with the bytes of the tensors entering its chunk from other chunks
+   (the chunks cut the model at different depths, so at tensors of different sizes), give
+   B's cut charge by bytes: a robust line ``fixed + per_byte x bytes`` floored at 0
+   (`collage_farm.core.cutcharge.fit_cut_charge`: Theil-Sen over every point of every
+   partner).
 
-The search charges it once per partition fed by another partition (`TransitionModel.cut_s`,
-`WithCutCosts`). Same-toolchain cuts cost nothing here: their lost fusion and reorders are
-already in the candidates' own measurements.
+The search charges it once per partition fed by another partition, by the bytes entering that
+partition from other partitions (`TransitionModel.cut_s`, `WithCutCosts`); a caller that knows
+no bytes gets the step-4 figure. Same-toolchain cuts cost nothing here: their lost fusion and
+reorders are already in the candidates' own measurements.
 
 Like every measurement, the result lands in the cost table (`cached_cut_costs`): one row per
 target, fingerprint ``cutcost:<whole-model structural hash>:<chunks>``, on this host's device
@@ -49,6 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from collage_farm.core.cutcharge import CutCharge, fit_cut_charge
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
@@ -60,7 +67,7 @@ from runners.registry import get_toolchain
 log = logging.getLogger(__name__)
 
 __all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
-           "cut_fingerprint", "measure_cut_costs"]
+           "cut_fingerprint", "entering_bytes", "measure_cut_costs"]
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
@@ -88,6 +95,13 @@ class CutCosts:
     wholes_s: dict[str, float] = field(default_factory=dict)
     #: chain label -> runs per round (measured now; empty when read back)
     runs: dict[str, int] = field(default_factory=dict)
+    #: target id -> cut charge by the bytes entering the partition (step 5; empty when read
+    #: back from rows written before the fit: those charge ``cuts``)
+    charges: dict[str, CutCharge] = field(default_factory=dict)
+    #: per chunk, the bytes entering it from other chunks (measured now; else empty)
+    chunk_bytes: tuple[int, ...] = ()
+    #: chain label -> median seconds of each of its chunks inside it (measured now; else empty)
+    chunk_s: dict[str, list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
@@ -99,6 +113,12 @@ class CutCosts:
             out["wholes_s"] = dict(self.wholes_s)
         if self.runs:
             out["runs_per_round"] = dict(self.runs)
+        if self.charges:
+            out["cut_charges"] = {k: c.to_json() for k, c in self.charges.items()}
+        if self.chunk_bytes:
+            out["chunk_bytes"] = list(self.chunk_bytes)
+        if self.chunk_s:
+            out["chunk_s"] = {k: list(v) for k, v in self.chunk_s.items()}
         return out
 
 
@@ -108,6 +128,15 @@ def chunk_masks(graph: DataflowGraph, chunks: int) -> list[int]:
     k = max(1, min(int(chunks), n))
     bounds = [round(i * n / k) for i in range(k + 1)]
     return [sum(1 << j for j in range(bounds[i], bounds[i + 1])) for i in range(k)]
+
+
+def entering_bytes(graph: DataflowGraph, mask: int) -> int:
+    """Bytes of the tensors the nodes of ``mask`` read from nodes outside it (graph inputs
+    and initializers excluded): what crosses the cut into a partition of those nodes."""
+    t = graph.tensors
+    return sum(t[name].nbytes if name in t else 0
+               for name in SubGraph(graph, mask).input_tensors
+               if graph.producer.get(name) is not None)
 
 
 def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks: int = 6,
@@ -168,21 +197,26 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     # median seconds of chunk j inside each chain, by position
     med = {label: [statistics.median(samples[label][pid]) for pid in ids[label]]
            for label in chains}
-    extra: dict[str, list[float]] = {t.id: [] for t in targets}
+    nbytes = tuple(entering_bytes(graph, m) for m in masks)
+    extra: dict[str, list[tuple[int, float]]] = {t.id: [] for t in targets}
     for label, ts in layouts.items():
         if "/" not in label or label not in med or len(ts) != len(masks):
             continue  # single-target chains are the reference; skipped chains have nothing
         for j in range(1, len(masks)):  # chunk j entered from chunk j-1's other toolchain
-            extra[ts[j].id].append(med[label][j] - med[ts[j].id][j])
-    cuts = {t: max(0.0, statistics.median(xs)) if xs else 0.0 for t, xs in extra.items()}
+            extra[ts[j].id].append((nbytes[j], med[label][j] - med[ts[j].id][j]))
+    cuts = {t: max(0.0, statistics.median(x for _, x in xs)) if xs else 0.0
+            for t, xs in extra.items()}
+    charges = {t: fit_cut_charge(xs) for t, xs in extra.items() if xs}
     chain_s = {label: statistics.median(xs) for label, xs in totals.items() if xs}
     same = {t.id: max(0.0, (chain_s[t.id] - chain_s[f"{t.id}@whole"]) / (len(masks) - 1))
             for t in targets if t.id in chain_s and f"{t.id}@whole" in chain_s}
     wholes_s = {t.id: chain_s[f"{t.id}@whole"] for t in targets if f"{t.id}@whole" in chain_s}
     out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0,
-                   same_cuts=same, wholes_s=wholes_s, runs=runs)
+                   same_cuts=same, wholes_s=wholes_s, runs=runs, charges=charges,
+                   chunk_bytes=nbytes, chunk_s=med)
     log.info("cut costs for %s: %s (%d chunks, %d rounds, %.1f s)", graph.name,
-             {k: f"{v * 1e6:.0f} us" for k, v in cuts.items()}, len(masks), done, out.wall_s)
+             {k: f"{c.fixed_s * 1e6:.0f} us + {c.per_byte_s * 1e9:.2f} us/KB"
+              for k, c in charges.items()}, len(masks), done, out.wall_s)
     return out
 
 
@@ -209,7 +243,9 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
     """This model's cut costs from ``table`` (this host's rows; None: no table to read), else
     measured (``measure``) and appended to ``writer`` (None: not written); None when neither.
     ``wholes``: with same-target cut costs (`measure_cut_costs`; rows of their own, the
-    same-target cost in each row's details as ``same_cut_s``). ``probe``: `measure_cut_costs`
+    same-target cost in each row's details as ``same_cut_s``). Each row's details carry the
+    target's charge by bytes (``cut_fixed_s``, ``cut_per_byte_s``); a row without them (written
+    before the fit) reads back as its constant only. ``probe``: `measure_cut_costs`
     options.
     """
     targets = list(dict.fromkeys(targets))
@@ -223,8 +259,11 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
             details = {t.id: hits[fp, t.measure_key].details_dict() for t in targets}
             same = {k: float(d["same_cut_s"]) for k, d in details.items() if "same_cut_s" in d}
             wholes_s = {k: float(d["whole_s"]) for k, d in details.items() if "whole_s" in d}
+            charges = {k: CutCharge(float(d["cut_fixed_s"]), float(d["cut_per_byte_s"]))
+                       for k, d in details.items()
+                       if "cut_fixed_s" in d and "cut_per_byte_s" in d}
             return CutCosts(cuts, max(1, min(chunks, len(graph.nodes))), 0, cached=True,
-                            same_cuts=same, wholes_s=wholes_s)
+                            same_cuts=same, wholes_s=wholes_s, charges=charges)
     if not measure:
         return None
     cc = measure_cut_costs(graph, targets, chunks=chunks, wholes=wholes, **probe)
@@ -242,7 +281,10 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
                                      *((("same_cut_s", cc.same_cuts[t.id]),)
                                        if t.id in cc.same_cuts else ()),
                                      *((("whole_s", cc.wholes_s[t.id]),)
-                                       if t.id in cc.wholes_s else ())))
+                                       if t.id in cc.wholes_s else ()),
+                                     *((("cut_fixed_s", cc.charges[t.id].fixed_s),
+                                        ("cut_per_byte_s", cc.charges[t.id].per_byte_s))
+                                       if t.id in cc.charges else ())))
         writer.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
                                       nodes=[], op_types=["cut"]))
     return cc
