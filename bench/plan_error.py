@@ -42,11 +42,11 @@ import onnx
 from bench.profile_mode import MODELS, load
 from collage_farm import zoo
 from collage_farm.campaign import TuneOptions, run_tune
-from collage_farm.core.graph import load_graph
 from collage_farm.core.target import get_target, parse_targets
 from collage_farm.execute import PlanExecutor
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.probes.cutcost import measure_cut_costs
+from collage_farm.zoo.source import load_source
 from runners.base import DeviceDescription
 
 
@@ -62,7 +62,7 @@ def time_plans(plan_dir: Path, source: str, targets: list[str], rounds: int, run
                ) -> tuple[dict[str, float], dict[str, float], float]:
     """(each partition's in-chain median s, each target's whole model e2e median s, the
     plan's e2e median s), interleaved over ``rounds`` rounds of ``runs`` chain runs."""
-    g = load_graph(onnx.load(source))
+    g = load_source(source)
     builder = PlanBuilder(g)
     chains: dict[str, PlanExecutor] = {"plan": PlanExecutor(plan_dir)}
     for t in targets:
@@ -94,7 +94,7 @@ def method_of(s: dict[str, Any], tid: str) -> str:
 def fresh_base(source: str, targets: list[str]) -> dict[str, float]:
     """Each target's whole-model seconds from a cut-cost probe run now (the estimator's time
     base as a campaign takes it, re-taken right before the plan is timed)."""
-    g = load_graph(onnx.load(source))
+    g = load_source(source)
     cc = measure_cut_costs(g, [get_target(t) for t in targets], builder=PlanBuilder(g),
                            wholes=True)
     return dict(cc.wholes_s)
@@ -147,7 +147,8 @@ def report(label: str, s: dict[str, Any], plan: dict[str, Any], in_chain: dict[s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="resnet18-64,mobilenet_v2-96,gpt2-2L")
+    ap.add_argument("--models", default="resnet18-64,mobilenet_v2-96,gpt2-2L",
+                    help=f"of {', '.join(MODELS)}, or a source such as pkg:ppocr-rec")
     ap.add_argument("--targets", default="ort-cpu,openvino-cpu,litert-cpu")
     ap.add_argument("--campaigns", type=int, default=2)
     ap.add_argument("--num-cpus", type=int, default=2)
@@ -167,12 +168,14 @@ def main() -> None:
     print("\n".join(head), flush=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-plan-error"))
     for label in args.models.split(","):
-        name, kw = MODELS[label]
         for i in range(args.campaigns):
-            work = root / f"{label}-{i}"
+            work = root / f"{label.replace(':', '-')}-{i}"
             work.mkdir(parents=True, exist_ok=True)
-            source = str(work / f"{label}.onnx")
-            onnx.save(zoo.build(name, **kw), source)
+            source = label  # a source such as pkg:ppocr-rec, or a zoo model saved here
+            if label in MODELS:
+                name, kw = MODELS[label]
+                source = str(work / f"{label}.onnx")
+                onnx.save(zoo.build(name, **kw), source)
             before = load()
             s = campaign(source, args.targets, work, args.num_cpus)
             (work / "summary.json").write_text(json.dumps(s, indent=1, default=str))
