@@ -6,6 +6,8 @@ target's cut charge is a line in the bytes that enter the partition from other p
 `fit_cut_charge` fits it from measured ``(bytes, extra seconds)`` points robustly (Theil-Sen:
 the slope is the median of the pairwise slopes, the intercept the median residual), because
 each point is the difference of two noisy in-chain medians and a few of them are far off.
+`level_cut_charge` spreads a measured total over cuts of known sizes instead: the level comes
+from the total (a robust paired measurement), only the slope from noisy per-cut points.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CutCharge", "fit_cut_charge"]
+from collage_farm.core.subgraph import SubGraph
+
+__all__ = ["CutCharge", "entering_bytes", "fit_cut_charge", "level_cut_charge"]
 
 
 @dataclass(frozen=True)
@@ -47,3 +51,26 @@ def fit_cut_charge(points: Sequence[tuple[int, float]]) -> CutCharge:
               for i, (b1, s1) in enumerate(pts) for b2, s2 in pts[i + 1:] if b2 != b1]
     slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
     return CutCharge(statistics.median(s - slope * b for b, s in pts), slope)
+
+
+def level_cut_charge(total_s: float, cut_bytes: Sequence[int],
+                     points: Sequence[tuple[int, float]]) -> CutCharge:
+    """The line whose charges at cuts of ``cut_bytes`` add up to ``total_s`` (what those cuts
+    were measured to cost together), sloped by the Theil-Sen slope of ``points`` clamped to
+    ``[0, total_s / sum(cut_bytes)]``: between one figure per cut (slope 0) and a charge
+    proportional to the bytes (fixed 0), so neither part is ever negative. No cuts or a
+    total <= 0: 0."""
+    n, total_b = len(cut_bytes), sum(max(0, int(b)) for b in cut_bytes)
+    if n == 0 or not total_s > 0:
+        return CutCharge(0.0, 0.0)
+    slope = fit_cut_charge(points).per_byte_s if points else 0.0
+    slope = min(slope, total_s / total_b) if total_b > 0 else 0.0
+    return CutCharge((total_s - slope * total_b) / n, slope)
+
+
+def entering_bytes(sub_graph: SubGraph) -> int:
+    """Bytes of the tensors ``sub_graph``'s nodes read from nodes outside it (graph inputs
+    and initializers excluded): what crosses the cut into a partition of those nodes."""
+    g = sub_graph.graph
+    return sum(g.tensors[name].nbytes if name in g.tensors else 0
+               for name in sub_graph.input_tensors if g.producer.get(name) is not None)

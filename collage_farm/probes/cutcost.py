@@ -55,9 +55,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collage_farm.core.cutcharge import CutCharge, fit_cut_charge
+from collage_farm.core.cutcharge import CutCharge, entering_bytes, fit_cut_charge
 from collage_farm.core.graph import DataflowGraph
-from collage_farm.core.subgraph import SubGraph
+from collage_farm.core.subgraph import SubGraph, iter_bits
 from collage_farm.core.target import Target
 from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
 from collage_farm.execute.builder import Part, PlanBuilder
@@ -67,7 +67,7 @@ from runners.registry import get_toolchain
 log = logging.getLogger(__name__)
 
 __all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
-           "cut_fingerprint", "entering_bytes", "measure_cut_costs"]
+           "cut_fingerprint", "entering_bytes", "measure_cut_costs", "same_chain_chunks"]
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
@@ -100,7 +100,8 @@ class CutCosts:
     charges: dict[str, CutCharge] = field(default_factory=dict)
     #: per chunk, the bytes entering it from other chunks (measured now; else empty)
     chunk_bytes: tuple[int, ...] = ()
-    #: chain label -> median seconds of each of its chunks inside it (measured now; else empty)
+    #: chain label -> median seconds of each of its chunks inside it (read back from the
+    #: table: the all-target chains only, by target id; empty for rows that predate them)
     chunk_s: dict[str, list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -128,15 +129,6 @@ def chunk_masks(graph: DataflowGraph, chunks: int) -> list[int]:
     k = max(1, min(int(chunks), n))
     bounds = [round(i * n / k) for i in range(k + 1)]
     return [sum(1 << j for j in range(bounds[i], bounds[i + 1])) for i in range(k)]
-
-
-def entering_bytes(graph: DataflowGraph, mask: int) -> int:
-    """Bytes of the tensors the nodes of ``mask`` read from nodes outside it (graph inputs
-    and initializers excluded): what crosses the cut into a partition of those nodes."""
-    t = graph.tensors
-    return sum(t[name].nbytes if name in t else 0
-               for name in SubGraph(graph, mask).input_tensors
-               if graph.producer.get(name) is not None)
 
 
 def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks: int = 6,
@@ -197,7 +189,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     # median seconds of chunk j inside each chain, by position
     med = {label: [statistics.median(samples[label][pid]) for pid in ids[label]]
            for label in chains}
-    nbytes = tuple(entering_bytes(graph, m) for m in masks)
+    nbytes = tuple(entering_bytes(SubGraph(graph, m)) for m in masks)
     extra: dict[str, list[tuple[int, float]]] = {t.id: [] for t in targets}
     for label, ts in layouts.items():
         if "/" not in label or label not in med or len(ts) != len(masks):
@@ -244,9 +236,10 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
     measured (``measure``) and appended to ``writer`` (None: not written); None when neither.
     ``wholes``: with same-target cut costs (`measure_cut_costs`; rows of their own, the
     same-target cost in each row's details as ``same_cut_s``). Each row's details carry the
-    target's charge by bytes (``cut_fixed_s``, ``cut_per_byte_s``); a row without them (written
-    before the fit) reads back as its constant only. ``probe``: `measure_cut_costs`
-    options.
+    target's charge by bytes (``cut_fixed_s``, ``cut_per_byte_s``), its all-target chain's
+    per-chunk medians (``chunk_s``) and each chunk's entering bytes (``chunk_bytes``); a row
+    without them (written before the fit) reads back as its constant only. ``probe``:
+    `measure_cut_costs` options.
     """
     targets = list(dict.fromkeys(targets))
     fp = cut_fingerprint(graph, chunks, wholes)
@@ -262,8 +255,13 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
             charges = {k: CutCharge(float(d["cut_fixed_s"]), float(d["cut_per_byte_s"]))
                        for k, d in details.items()
                        if "cut_fixed_s" in d and "cut_per_byte_s" in d}
+            chunk_s = {k: [float(x) for x in d["chunk_s"]] for k, d in details.items()
+                       if "chunk_s" in d}
+            nbytes = next((tuple(int(b) for b in d["chunk_bytes"]) for d in details.values()
+                           if "chunk_bytes" in d), ())
             return CutCosts(cuts, max(1, min(chunks, len(graph.nodes))), 0, cached=True,
-                            same_cuts=same, wholes_s=wholes_s, charges=charges)
+                            same_cuts=same, wholes_s=wholes_s, charges=charges,
+                            chunk_bytes=nbytes, chunk_s=chunk_s)
     if not measure:
         return None
     cc = measure_cut_costs(graph, targets, chunks=chunks, wholes=wholes, **probe)
@@ -284,7 +282,29 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
                                        if t.id in cc.wholes_s else ()),
                                      *((("cut_fixed_s", cc.charges[t.id].fixed_s),
                                         ("cut_per_byte_s", cc.charges[t.id].per_byte_s))
-                                       if t.id in cc.charges else ())))
+                                       if t.id in cc.charges else ()),
+                                     *((("chunk_s", list(cc.chunk_s[t.id])),
+                                        ("chunk_bytes", list(cc.chunk_bytes)))
+                                       if t.id in cc.chunk_s and cc.chunk_bytes else ())))
         writer.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
                                       nodes=[], op_types=["cut"]))
     return cc
+
+
+def same_chain_chunks(graph: DataflowGraph, info: dict[str, Any] | None
+                      ) -> dict[str, tuple[list[list[str]], list[float], list[int]]]:
+    """Per target id, from a probe's `CutCosts.to_json` (``info``): its all-target chain's
+    chunks (node names, in order), each chunk's median seconds inside that chain and its
+    entering bytes; what `estimators.profiled.TargetProfile.with_cut_line` takes. Empty for a
+    probe without them (rows written before they were kept)."""
+    info = info or {}
+    nbytes = [int(b) for b in info.get("chunk_bytes") or []]
+    chunk_s = info.get("chunk_s") or {}
+    if not nbytes or not chunk_s:
+        return {}
+    masks = chunk_masks(graph, int(info.get("chunks") or len(nbytes)))
+    if len(masks) != len(nbytes):
+        return {}
+    names = [[graph.nodes[i].name for i in iter_bits(m)] for m in masks]
+    return {tid: (names, [float(x) for x in xs], nbytes) for tid, xs in chunk_s.items()
+            if "/" not in tid and "@" not in tid and len(xs) == len(masks)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from collage_farm.core.cutcharge import CutCharge, fit_cut_charge
+from collage_farm.core.cutcharge import CutCharge, fit_cut_charge, level_cut_charge
 
 
 def test_charge_is_a_line_in_the_bytes_floored_at_zero() -> None:
@@ -44,3 +44,23 @@ def test_a_falling_fit_is_a_constant_and_one_size_is_its_median() -> None:
     one = fit_cut_charge([(4096, 50e-6), (4096, 70e-6), (4096, -10e-6)])
     assert one == CutCharge(pytest.approx(50e-6), 0.0)
     assert fit_cut_charge([]) == CutCharge(0.0, 0.0)
+
+
+def test_level_keeps_the_measured_total_and_clamps_the_slope() -> None:
+    # three cuts of 1000, 2000 and 5000 bytes cost 900 us together
+    b = [1000, 2000, 5000]
+    # points on slope 0.05 us/byte: fixed = (900 - 0.05 x 8000) / 3 = 166.67 us
+    line = level_cut_charge(900e-6, b, [(1000, 0.0), (2000, 50e-6), (5000, 200e-6)])
+    assert line.per_byte_s == pytest.approx(0.05e-6)
+    assert line.fixed_s == pytest.approx(500e-6 / 3)
+    assert sum(line.cost(x) for x in b) == pytest.approx(900e-6)
+    # a steeper slope than the total allows is clamped to proportional: 900 us / 8000 bytes
+    steep = level_cut_charge(900e-6, b, [(1000, 0.0), (5000, 4e-3)])
+    assert steep == CutCharge(pytest.approx(0.0, abs=1e-15), pytest.approx(900e-6 / 8000))
+    assert steep.cost(5000) == pytest.approx(562.5e-6)
+    # a falling or missing slope: one figure per cut
+    assert level_cut_charge(900e-6, b, [(1000, 1e-3), (5000, 0.0)]) == CutCharge(
+        pytest.approx(300e-6), 0.0)
+    assert level_cut_charge(900e-6, b, []) == CutCharge(pytest.approx(300e-6), 0.0)
+    assert level_cut_charge(-5e-6, b, [(1000, 1.0)]) == CutCharge(0.0, 0.0)
+    assert level_cut_charge(1e-3, [], []) == CutCharge(0.0, 0.0)

@@ -63,7 +63,7 @@ def test_real_probe_ort_and_openvino_on_mnist() -> None:
     assert set(cc.charges) == {"ort-cpu", "openvino-cpu"}
     assert all(c.per_byte_s >= 0 for c in cc.charges.values())
     masks = chunk_masks(g, 3)
-    assert cc.chunk_bytes == tuple(entering_bytes(g, m) for m in masks)
+    assert cc.chunk_bytes == tuple(entering_bytes(SubGraph(g, m)) for m in masks)
     assert cc.chunk_bytes[0] == 0 and all(b > 0 for b in cc.chunk_bytes[1:])
     assert set(cc.chunk_s) == set(cc.chain_s) and all(len(v) == 3 for v in cc.chunk_s.values())
     assert js["cut_charges"]["ort-cpu"] == cc.charges["ort-cpu"].to_json()
@@ -190,9 +190,11 @@ def test_a_chain_longer_than_a_round_is_warmed_once_before_its_rounds(monkeypatc
 def test_entering_bytes_counts_tensors_from_other_nodes_once() -> None:
     # t0 -> n0 -> t1 -> n1 -> t2 -> n2 -> t3, [1, 8] float32: 32 bytes a tensor
     g = _chain(3)
-    assert entering_bytes(g, 0b001) == 0  # reads the graph input: no cut
-    assert entering_bytes(g, 0b010) == 32 and entering_bytes(g, 0b110) == 32
-    assert entering_bytes(g, 0b111) == 0
+    def entering(mask: int) -> int:
+        return entering_bytes(SubGraph(g, mask))
+    assert entering(0b001) == 0  # reads the graph input: no cut
+    assert entering(0b010) == 32 and entering(0b110) == 32
+    assert entering(0b111) == 0
 
 
 def test_rows_written_before_the_fit_charge_their_constant(tmp_path) -> None:
