@@ -28,6 +28,7 @@ from typing import Any
 
 import onnx
 
+from bench.cut_fit import rotated_medians
 from bench.plan_error import campaign
 from bench.profile_mode import MODELS, load
 from collage_farm import zoo
@@ -81,13 +82,7 @@ def timed(graph: Any, plans: dict[str, list[Any]], targets: list[Any], rounds: i
     chains = {k: builder.executor([Part(c.mask, c.target) for c in parts])
               for k, parts in plans.items()}
     chains.update({t.id: builder.executor([Part(graph.all_mask, t)]) for t in targets})
-    names = list(chains)
-    got: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            tot, _ = chains[k].measure_in_chain(runs, warmup=2)
-            got[k].append(statistics.median(tot))
-    return {k: statistics.median(v) for k, v in got.items()}
+    return {k: statistics.median(v) for k, v in rotated_medians(chains, rounds, runs).items()}
 
 
 def check(label: str, work: Path, targets: str, args: argparse.Namespace) -> list[str]:

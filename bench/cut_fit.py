@@ -24,6 +24,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 from bench.profile_mode import MODELS
 from collage_farm import zoo
@@ -33,6 +34,18 @@ from collage_farm.core.target import get_target
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.probes.cutcost import chunk_masks, measure_cut_costs
 from collage_farm.zoo.source import load_source
+
+
+def rotated_medians(chains: dict[Any, Any], rounds: int, runs: int) -> dict[Any, list[float]]:
+    """Per chain (a `PlanExecutor`), its median end-to-end seconds in each of ``rounds``
+    rounds of ``runs`` runs (2 warm-up runs each), the chains in rotated order each round."""
+    names = list(chains)
+    got: dict[Any, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            totals, _ = chains[k].measure_in_chain(runs, warmup=2)
+            got[k].append(statistics.median(totals))
+    return got
 
 
 def one_cut_costs(builder: PlanBuilder, masks: list[int], targets: list, rounds: int,
@@ -46,12 +59,7 @@ def one_cut_costs(builder: PlanBuilder, masks: list[int], targets: list, rounds:
         for j in range(1, len(masks)):
             head = sum(masks[:j])
             plans[(t.id, j)] = builder.executor([Part(head, t), Part(full ^ head, t)])
-    names = list(plans)
-    got: dict[object, list[float]] = {k: [] for k in names}
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            totals, _ = plans[k].measure_in_chain(runs, warmup=2)
-            got[k].append(statistics.median(totals))
+    got = rotated_medians(plans, rounds, runs)
     return {t.id: [statistics.median(a - b for a, b in zip(got[(t.id, j)], got[(t.id, 0)]))
                    for j in range(1, len(masks))] for t in targets}
 
