@@ -17,7 +17,8 @@ in), the estimate split into its profile share and its cut charge (the target's 
 same-toolchain cut cost per cut, charged when a partition feeds it; where the campaign charged
 that cut by its bytes, the split is the per-cut figure's, the total the campaign's) plus the
 transition penalty, the in-chain median, and the error ``(in chain - estimate) / in chain``,
-raw and with the target's drift taken out (the estimate times the target's whole model measured now / its time base).
+raw and with the target's drift taken out (the estimate times the target's whole model
+measured now / its time base).
 With ``--fresh-base``, the cut-cost probe's whole-model times are re-taken right before the
 timing and the plan's estimate re-based on them (what the estimate would be with a time base
 seconds old instead of a campaign's minute).
