@@ -104,6 +104,37 @@ class CutCosts:
     #: table: the all-target chains only, by target id; empty for rows that predate them)
     chunk_s: dict[str, list[float]] = field(default_factory=dict)
 
+    def row_details(self, tid: str) -> tuple[tuple[str, Any], ...]:
+        """Target ``tid``'s cost-table row details (`cached_cut_costs`; `from_rows` reads
+        them back)."""
+        out: list[tuple[str, Any]] = [("chunks", self.chunks), ("rounds", self.rounds)]
+        if tid in self.same_cuts:
+            out.append(("same_cut_s", self.same_cuts[tid]))
+        if tid in self.wholes_s:
+            out.append(("whole_s", self.wholes_s[tid]))
+        if tid in self.charges:
+            out += [("cut_fixed_s", self.charges[tid].fixed_s),
+                    ("cut_per_byte_s", self.charges[tid].per_byte_s)]
+        if tid in self.chunk_s and self.chunk_bytes:
+            out += [("chunk_s", list(self.chunk_s[tid])), ("chunk_bytes", list(self.chunk_bytes))]
+        return tuple(out)
+
+    @staticmethod
+    def from_rows(cuts: dict[str, float], details: dict[str, dict[str, Any]],
+                  chunks: int) -> CutCosts:
+        """Cut costs read back from each target's row (``cuts``: its seconds; ``details``:
+        its `row_details`); what a row lacks (written by an earlier version) stays empty."""
+        def each(key: str) -> dict[str, Any]:
+            return {k: d[key] for k, d in details.items() if key in d}
+        charges = {k: CutCharge(float(d["cut_fixed_s"]), float(d["cut_per_byte_s"]))
+                   for k, d in details.items() if "cut_fixed_s" in d and "cut_per_byte_s" in d}
+        nbytes = next((tuple(int(b) for b in v) for v in each("chunk_bytes").values()), ())
+        return CutCosts(cuts, chunks, 0, cached=True,
+                        same_cuts={k: float(v) for k, v in each("same_cut_s").items()},
+                        wholes_s={k: float(v) for k, v in each("whole_s").items()},
+                        charges=charges, chunk_bytes=nbytes,
+                        chunk_s={k: [float(x) for x in v] for k, v in each("chunk_s").items()})
+
     def to_json(self) -> dict[str, Any]:
         out = {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
                "skipped": list(self.skipped), "chain_s": dict(self.chain_s),
@@ -190,12 +221,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     med = {label: [statistics.median(samples[label][pid]) for pid in ids[label]]
            for label in chains}
     nbytes = tuple(entering_bytes(SubGraph(graph, m)) for m in masks)
-    extra: dict[str, list[tuple[int, float]]] = {t.id: [] for t in targets}
-    for label, ts in layouts.items():
-        if "/" not in label or label not in med or len(ts) != len(masks):
-            continue  # single-target chains are the reference; skipped chains have nothing
-        for j in range(1, len(masks)):  # chunk j entered from chunk j-1's other toolchain
-            extra[ts[j].id].append((nbytes[j], med[label][j] - med[ts[j].id][j]))
+    extra = _mixed_points(layouts, med, nbytes, targets)
     cuts = {t: max(0.0, statistics.median(x for _, x in xs)) if xs else 0.0
             for t, xs in extra.items()}
     charges = {t: fit_cut_charge(xs) for t, xs in extra.items() if xs}
@@ -210,6 +236,21 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
              {k: f"{c.fixed_s * 1e6:.0f} us + {c.per_byte_s * 1e9:.2f} us/KB"
               for k, c in charges.items()}, len(masks), done, out.wall_s)
     return out
+
+
+def _mixed_points(layouts: dict[str, list[Target]], med: dict[str, list[float]],
+                  nbytes: Sequence[int], targets: Sequence[Target]
+                  ) -> dict[str, list[tuple[int, float]]]:
+    """Per target, ``(bytes entering the chunk, its median in the mixed chain - in the
+    all-target chain)`` for every chunk of every mixed chain that ran (module docstring,
+    steps 4 and 5)."""
+    extra: dict[str, list[tuple[int, float]]] = {t.id: [] for t in targets}
+    for label, ts in layouts.items():
+        if "/" not in label or label not in med or len(ts) != len(nbytes):
+            continue  # single-target chains are the reference; skipped chains have nothing
+        for j in range(1, len(nbytes)):  # chunk j entered from chunk j-1's other toolchain
+            extra[ts[j].id].append((nbytes[j], med[label][j] - med[ts[j].id][j]))
+    return extra
 
 
 def _runs_to_fill(round_s: float, run_s: float) -> int:
@@ -248,20 +289,10 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
         hits = table.lookup([(fp, t.measure_key) for t in targets], device=host.describe(),
                             strictness="device")
         if all((fp, t.measure_key) in hits and hits[fp, t.measure_key].ok for t in targets):
-            cuts = {t.id: hits[fp, t.measure_key].seconds for t in targets}
-            details = {t.id: hits[fp, t.measure_key].details_dict() for t in targets}
-            same = {k: float(d["same_cut_s"]) for k, d in details.items() if "same_cut_s" in d}
-            wholes_s = {k: float(d["whole_s"]) for k, d in details.items() if "whole_s" in d}
-            charges = {k: CutCharge(float(d["cut_fixed_s"]), float(d["cut_per_byte_s"]))
-                       for k, d in details.items()
-                       if "cut_fixed_s" in d and "cut_per_byte_s" in d}
-            chunk_s = {k: [float(x) for x in d["chunk_s"]] for k, d in details.items()
-                       if "chunk_s" in d}
-            nbytes = next((tuple(int(b) for b in d["chunk_bytes"]) for d in details.values()
-                           if "chunk_bytes" in d), ())
-            return CutCosts(cuts, max(1, min(chunks, len(graph.nodes))), 0, cached=True,
-                            same_cuts=same, wholes_s=wholes_s, charges=charges,
-                            chunk_bytes=nbytes, chunk_s=chunk_s)
+            return CutCosts.from_rows(
+                {t.id: hits[fp, t.measure_key].seconds for t in targets},
+                {t.id: hits[fp, t.measure_key].details_dict() for t in targets},
+                max(1, min(chunks, len(graph.nodes))))
     if not measure:
         return None
     cc = measure_cut_costs(graph, targets, chunks=chunks, wholes=wholes, **probe)
@@ -275,17 +306,7 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
                             summary=Summary.of((v,)), kind=Kind.MEASURED, device=host,
                             toolchain_version=get_toolchain(t.toolchain).version(),
                             measure_s=cc.wall_s,
-                            details=(("chunks", cc.chunks), ("rounds", cc.rounds),
-                                     *((("same_cut_s", cc.same_cuts[t.id]),)
-                                       if t.id in cc.same_cuts else ()),
-                                     *((("whole_s", cc.wholes_s[t.id]),)
-                                       if t.id in cc.wholes_s else ()),
-                                     *((("cut_fixed_s", cc.charges[t.id].fixed_s),
-                                        ("cut_per_byte_s", cc.charges[t.id].per_byte_s))
-                                       if t.id in cc.charges else ()),
-                                     *((("chunk_s", list(cc.chunk_s[t.id])),
-                                        ("chunk_bytes", list(cc.chunk_bytes)))
-                                       if t.id in cc.chunk_s and cc.chunk_bytes else ())))
+                            details=cc.row_details(t.id))
         writer.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
                                       nodes=[], op_types=["cut"]))
     return cc
