@@ -15,8 +15,7 @@ isolation. A candidate's cost on a profiled target is then:
 * plus, when the candidate is fed by another partition (it reads a tensor that is not a graph
   input), the target's measured same-toolchain cut cost (``cut_s``: what cutting the model
   into partitions of this toolchain costs per cut; the transition model adds what entering
-  from *another* toolchain costs on top); with a ``cut_charge`` (`TargetProfile.with_cut_line`)
-  by the bytes the candidate reads from other partitions instead.
+  from *another* toolchain costs on top).
 
 A candidate is **uncertain** when it splits a group the toolchain fused in the profile (its
 cost inside the group is a guess: by default it pays the whole group, `SplitPricing`) or holds
@@ -51,14 +50,12 @@ table (a re-run, an offline search), from the start (`CostEstimator.stored_confi
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
-from collage_farm.core.cutcharge import CutCharge, entering_bytes, level_cut_charge
 from collage_farm.core.graph import DataflowGraph
 from estimators.analytic import node_flops
 from estimators.base import CostEstimator, EstimatorStats
@@ -126,8 +123,6 @@ class TargetProfile:
     notes: str = field(default="", compare=False)
     rejected: str = field(default="", compare=False)  # `OperatorProfile.rejected`
     split: SplitPricing = SplitPricing.WHOLE_GROUP
-    #: the same-toolchain cut by the bytes entering the partition (None: ``cut_s`` per cut)
-    cut_charge: CutCharge | None = None
     #: scaled seconds per group (the sum of its nodes' shares)
     group_s: Mapping[int, float] = field(init=False, compare=False, repr=False)
 
@@ -182,36 +177,15 @@ class TargetProfile:
             seen[g] = seen.get(g, 0) + 1
         return any(k != self.group_size[g] for g, k in seen.items())
 
-    def with_cut_line(self, chunks: Sequence[Sequence[str]], chunk_s: Sequence[float],
-                      chunk_bytes: Sequence[int]) -> TargetProfile:
-        """This profile with its same-toolchain cut charged by bytes: the model cut into
-        ``chunks`` (node names, in order) all on this target ran each chunk in ``chunk_s``
-        seconds inside that chain, chunk ``j`` entered by ``chunk_bytes[j]``; each chunk
-        after the first costs its in-chain time less its profile cost, a point for the slope;
-        the level keeps ``cut_s`` per cut over those cuts (`level_cut_charge`). Unchanged when
-        the lists do not match."""
-        if not len(chunks) == len(chunk_s) == len(chunk_bytes) or len(chunks) < 2:
-            return self
-        pts = [(int(b), float(t) - self.cost_s(c, False))
-               for c, t, b in zip(chunks[1:], chunk_s[1:], chunk_bytes[1:])]
-        line = level_cut_charge(self.cut_s * (len(chunks) - 1), chunk_bytes[1:], pts)
-        return dataclasses.replace(self, cut_charge=line)
-
-    def cost_s(self, nodes: Sequence[str], fed_by_partition: bool,
-               nbytes: int | None = None) -> float:
+    def cost_s(self, nodes: Sequence[str], fed_by_partition: bool) -> float:
         """Seconds of a candidate of ``nodes`` (module docstring; a group it splits priced by
-        ``split``); ``nbytes``: the bytes it reads from other partitions (None: not known,
-        ``cut_s``)."""
+        ``split``)."""
         if self.split is SplitPricing.WORK_SHARE:
             s = sum(self.node_s.get(n, 0.0) for n in nodes)
         else:
             groups = {self.group_of[n] for n in nodes if n in self.group_of}
             s = sum(self.group_s[g] for g in groups)
-        if not fed_by_partition:
-            return s
-        line = self.cut_charge
-        return s + (line.cost(nbytes) if line is not None and nbytes is not None
-                    else self.cut_s)
+        return s + (self.cut_s if fed_by_partition else 0.0)
 
 
 #: one CPU core's rough rates, used only to apportion a group's *measured* time over its nodes
@@ -235,12 +209,6 @@ def fed_by_partition(c: CandidatePartition) -> bool:
     """Whether ``c`` reads a tensor some other partition makes (not only graph inputs)."""
     inputs = set(c.sub_graph.graph.graph_inputs)
     return any(t not in inputs for t in c.sub_graph.input_tensors)
-
-
-def _cost_s(p: TargetProfile, c: CandidatePartition) -> float:
-    """``c``'s seconds on profile ``p``, its cut charged by the bytes it reads from others."""
-    fed = fed_by_partition(c)
-    return p.cost_s(c.node_names, fed, entering_bytes(c.sub_graph) if fed else None)
 
 
 class ProfiledEstimator(CostEstimator):
@@ -278,7 +246,7 @@ class ProfiledEstimator(CostEstimator):
     def profile_cost(self, c: CandidatePartition) -> Cost | None:
         """``c``'s cost from its target's profile, or None when its target has none."""
         p = self.profiles.get(c.target.id)
-        return None if p is None else Cost(_cost_s(p, c))
+        return None if p is None else Cost(p.cost_s(c.node_names, fed_by_partition(c)))
 
     def _adopt_confirmations(self, candidates: Sequence[CandidatePartition]) -> None:
         """Candidates of profiled targets whose stored cost is a confirmation answer it from
@@ -300,7 +268,7 @@ class ProfiledEstimator(CostEstimator):
                 out.append(None)
                 rest.append(i)
             else:
-                out.append(Cost(_cost_s(p, c)))
+                out.append(Cost(p.cost_s(c.node_names, fed_by_partition(c))))
         if rest:
             for i, cost in zip(rest, self.isolated.estimate([candidates[i] for i in rest])):
                 out[i] = cost
@@ -326,7 +294,7 @@ class ProfiledEstimator(CostEstimator):
         p = self._profile(candidate)
         if p is None or not lb.is_known:
             return lb
-        return Cost(min(lb.seconds, _cost_s(p, candidate)))
+        return Cost(min(lb.seconds, p.cost_s(candidate.node_names, fed_by_partition(candidate))))
 
     def remeasure(self, candidates: Sequence[CandidatePartition]) -> list[Cost] | None:
         """Fresh isolated measurements (`CostEstimator.remeasure`, through the isolated

@@ -18,7 +18,7 @@ from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.execute.builder import PlanBuilder
 from collage_farm.farm import Farm
 from collage_farm.postsearch.vela_whole import ethos_u_board
-from collage_farm.probes.cutcost import cached_cut_costs, same_chain_chunks
+from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.profiles import collect_profiles, table_has_profiles
 from collage_farm.probes.transitions import measured_transition_model
 from estimators.base import CostEstimator
@@ -199,7 +199,6 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     same = (cut_info or {}).get("same_cuts_s") or {}
     wholes = (cut_info or {}).get("wholes_s") or {}  # every target's whole, one time base
     weights = node_weights(graph)
-    lines = same_chain_chunks(graph, cut_info)  # same-toolchain cuts by bytes, when probed
     profiles: dict[str, TargetProfile] = {}
     warnings: list[str] = []
     for tid, o in outcomes.items():
@@ -209,8 +208,6 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
                 profiles[tid] = TargetProfile.of(o.profile, cut_s=float(same.get(tid, 0.0)),
                                                  tolerance=opts.profile_tolerance,
                                                  weights=weights, whole_s=wholes.get(tid))
-                if tid in lines:
-                    profiles[tid] = profiles[tid].with_cut_line(*lines[tid])
             except ProfileRejected as e:
                 why = str(e)
         if tid not in profiles:
@@ -222,7 +219,5 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
                             "differences at thin cuts instead")
     info = {"targets": {k: o.to_json() for k, o in outcomes.items()},
             "profiled_targets": sorted(profiles), "runs": sum(o.ran for o in outcomes.values()),
-            "warnings": warnings, "same_cuts_s": same, "wholes_s": wholes,
-            "same_cut_charges": {k: p.cut_charge.to_json() for k, p in profiles.items()
-                                 if p.cut_charge is not None}}
+            "warnings": warnings, "same_cuts_s": same, "wholes_s": wholes}
     return ProfiledEstimator(profiles, est), info

@@ -28,9 +28,9 @@ sizes, what the neighbour leaves in the caches), so it is measured per model:
    partners, floored at 0;
 5. the same points, each with the bytes of the tensors entering its chunk from other chunks
    (the chunks cut the model at different depths, so at tensors of different sizes), give
-   B's cut charge by bytes: a robust line ``fixed + per_byte x bytes`` floored at 0
-   (`collage_farm.core.cutcharge.fit_cut_charge`: Theil-Sen over every point of every
-   partner).
+   B's cut charge by bytes: a robust line ``fixed + per_byte x bytes`` floored at 0 and capped
+   at the largest point (`collage_farm.core.cutcharge.fit_cut_charge`: Theil-Sen over every
+   point of every partner).
 
 The search charges it once per partition fed by another partition, by the bytes entering that
 partition from other partitions (`TransitionModel.cut_s`, `WithCutCosts`); a caller that knows
@@ -57,7 +57,7 @@ from typing import Any
 
 from collage_farm.core.cutcharge import CutCharge, entering_bytes, fit_cut_charge
 from collage_farm.core.graph import DataflowGraph
-from collage_farm.core.subgraph import SubGraph, iter_bits
+from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
 from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
 from collage_farm.execute.builder import Part, PlanBuilder
@@ -67,7 +67,7 @@ from runners.registry import get_toolchain
 log = logging.getLogger(__name__)
 
 __all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
-           "cut_fingerprint", "entering_bytes", "measure_cut_costs", "same_chain_chunks"]
+           "cut_fingerprint", "entering_bytes", "measure_cut_costs"]
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
@@ -113,8 +113,9 @@ class CutCosts:
         if tid in self.wholes_s:
             out.append(("whole_s", self.wholes_s[tid]))
         if tid in self.charges:
-            out += [("cut_fixed_s", self.charges[tid].fixed_s),
-                    ("cut_per_byte_s", self.charges[tid].per_byte_s)]
+            line = self.charges[tid]
+            out += [("cut_fixed_s", line.fixed_s), ("cut_per_byte_s", line.per_byte_s),
+                    *((("cut_cap_s", line.cap_s),) if math.isfinite(line.cap_s) else ())]
         if tid in self.chunk_s and self.chunk_bytes:
             out += [("chunk_s", list(self.chunk_s[tid])), ("chunk_bytes", list(self.chunk_bytes))]
         return tuple(out)
@@ -126,7 +127,8 @@ class CutCosts:
         its `row_details`); what a row lacks (written by an earlier version) stays empty."""
         def each(key: str) -> dict[str, Any]:
             return {k: d[key] for k, d in details.items() if key in d}
-        charges = {k: CutCharge(float(d["cut_fixed_s"]), float(d["cut_per_byte_s"]))
+        charges = {k: CutCharge(float(d["cut_fixed_s"]), float(d["cut_per_byte_s"]),
+                                float(d.get("cut_cap_s", math.inf)))
                    for k, d in details.items() if "cut_fixed_s" in d and "cut_per_byte_s" in d}
         nbytes = next((tuple(int(b) for b in v) for v in each("chunk_bytes").values()), ())
         return CutCosts(cuts, chunks, 0, cached=True,
@@ -277,10 +279,10 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
     measured (``measure``) and appended to ``writer`` (None: not written); None when neither.
     ``wholes``: with same-target cut costs (`measure_cut_costs`; rows of their own, the
     same-target cost in each row's details as ``same_cut_s``). Each row's details carry the
-    target's charge by bytes (``cut_fixed_s``, ``cut_per_byte_s``), its all-target chain's
-    per-chunk medians (``chunk_s``) and each chunk's entering bytes (``chunk_bytes``); a row
-    without them (written before the fit) reads back as its constant only. ``probe``:
-    `measure_cut_costs` options.
+    target's charge by bytes (``cut_fixed_s``, ``cut_per_byte_s``, ``cut_cap_s``), its
+    all-target chain's per-chunk medians (``chunk_s``) and each chunk's entering bytes
+    (``chunk_bytes``); a row without them (written before the fit) reads back as its constant
+    only. ``probe``: `measure_cut_costs` options.
     """
     targets = list(dict.fromkeys(targets))
     fp = cut_fingerprint(graph, chunks, wholes)
@@ -311,21 +313,3 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
                                       nodes=[], op_types=["cut"]))
     return cc
 
-
-def same_chain_chunks(graph: DataflowGraph, info: dict[str, Any] | None
-                      ) -> dict[str, tuple[list[list[str]], list[float], list[int]]]:
-    """Per target id, from a probe's `CutCosts.to_json` (``info``): its all-target chain's
-    chunks (node names, in order), each chunk's median seconds inside that chain and its
-    entering bytes; what `estimators.profiled.TargetProfile.with_cut_line` takes. Empty for a
-    probe without them (rows written before they were kept)."""
-    info = info or {}
-    nbytes = [int(b) for b in info.get("chunk_bytes") or []]
-    chunk_s = info.get("chunk_s") or {}
-    if not nbytes or not chunk_s:
-        return {}
-    masks = chunk_masks(graph, int(info.get("chunks") or len(nbytes)))
-    if len(masks) != len(nbytes):
-        return {}
-    names = [[graph.nodes[i].name for i in iter_bits(m)] for m in masks]
-    return {tid: (names, [float(x) for x in xs], nbytes) for tid, xs in chunk_s.items()
-            if "/" not in tid and "@" not in tid and len(xs) == len(masks)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from collage_farm.core.cutcharge import CutCharge, fit_cut_charge, level_cut_charge
+from collage_farm.core.cutcharge import CutCharge, fit_cut_charge
 
 
 def test_charge_is_a_line_in_the_bytes_floored_at_zero() -> None:
@@ -14,6 +14,9 @@ def test_charge_is_a_line_in_the_bytes_floored_at_zero() -> None:
     assert c.cost(20_000) == 0.0 and c.cost(0) == 0.0 and c.cost(-5) == 0.0
     assert CutCharge(3e-5).cost(10**9) == 3e-5  # no per-byte part: the fixed figure
     assert c.to_json() == {"fixed_s": -20e-6, "per_byte_s": 1e-9}
+    capped = CutCharge(-20e-6, 1e-9, cap_s=50e-6)  # never more than 50 us
+    assert capped.cost(60_000) == pytest.approx(40e-6) and capped.cost(10**6) == 50e-6
+    assert capped.to_json() == {"fixed_s": -20e-6, "per_byte_s": 1e-9, "cap_s": 50e-6}
 
 
 def test_fit_is_theil_sen_and_ignores_an_outlier() -> None:
@@ -22,8 +25,8 @@ def test_fit_is_theil_sen_and_ignores_an_outlier() -> None:
     # pairwise slopes (us/byte): 10 pairs, 6 of them exactly 2e-9; the median is 2e-9
     fit = fit_cut_charge(pts)
     assert fit.per_byte_s == pytest.approx(2e-9)
-    # residuals 10, 10, 10, 910, 10 us: median 10 us
-    assert fit.fixed_s == pytest.approx(10e-6)
+    # residuals 10, 10, 10, 910, 10 us: median 10 us; capped at the largest point, 916 us
+    assert fit.fixed_s == pytest.approx(10e-6) and fit.cap_s == pytest.approx(916e-6)
     # least squares would tilt: slope 0.2055 us/byte (not asserted elsewhere; why Theil-Sen)
 
 
@@ -36,31 +39,15 @@ def test_fit_by_hand_with_repeated_sizes() -> None:
     # residuals 20, 60, 60, 20 us -> median 40 us
     assert fit.fixed_s == pytest.approx(40e-6)
     assert fit.cost(2000) == pytest.approx(200e-6)
+    assert fit.cost(10_000) == pytest.approx(300e-6)  # 840 us on the line: capped at 300 us
 
 
 def test_a_falling_fit_is_a_constant_and_one_size_is_its_median() -> None:
     falling = fit_cut_charge([(1000, 300e-6), (2000, 200e-6), (3000, 100e-6)])
-    assert falling == CutCharge(pytest.approx(200e-6), 0.0)  # slope floored at 0: the median
+    # slope floored at 0: the median
+    assert falling == CutCharge(pytest.approx(200e-6), 0.0, pytest.approx(300e-6))
     one = fit_cut_charge([(4096, 50e-6), (4096, 70e-6), (4096, -10e-6)])
-    assert one == CutCharge(pytest.approx(50e-6), 0.0)
+    assert one == CutCharge(pytest.approx(50e-6), 0.0, pytest.approx(70e-6))
+    assert fit_cut_charge([(10, -5e-6), (20, -1e-6)]).cap_s == 0.0  # every point negative
     assert fit_cut_charge([]) == CutCharge(0.0, 0.0)
 
-
-def test_level_keeps_the_measured_total_and_clamps_the_slope() -> None:
-    # three cuts of 1000, 2000 and 5000 bytes cost 900 us together
-    b = [1000, 2000, 5000]
-    # points on slope 0.05 us/byte: fixed = (900 - 0.05 x 8000) / 3 = 166.67 us
-    line = level_cut_charge(900e-6, b, [(1000, 0.0), (2000, 50e-6), (5000, 200e-6)])
-    assert line.per_byte_s == pytest.approx(0.05e-6)
-    assert line.fixed_s == pytest.approx(500e-6 / 3)
-    assert sum(line.cost(x) for x in b) == pytest.approx(900e-6)
-    # a steeper slope than the total allows is clamped to proportional: 900 us / 8000 bytes
-    steep = level_cut_charge(900e-6, b, [(1000, 0.0), (5000, 4e-3)])
-    assert steep == CutCharge(pytest.approx(0.0, abs=1e-15), pytest.approx(900e-6 / 8000))
-    assert steep.cost(5000) == pytest.approx(562.5e-6)
-    # a falling or missing slope: one figure per cut
-    assert level_cut_charge(900e-6, b, [(1000, 1e-3), (5000, 0.0)]) == CutCharge(
-        pytest.approx(300e-6), 0.0)
-    assert level_cut_charge(900e-6, b, []) == CutCharge(pytest.approx(300e-6), 0.0)
-    assert level_cut_charge(-5e-6, b, [(1000, 1.0)]) == CutCharge(0.0, 0.0)
-    assert level_cut_charge(1e-3, [], []) == CutCharge(0.0, 0.0)

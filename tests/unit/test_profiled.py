@@ -300,36 +300,3 @@ def test_the_probes_whole_model_times_are_kept_and_read_back(mnist, tmp_path: Pa
     assert again is not None and again.cached
     assert again.wholes_s == first.wholes_s and again.same_cuts == first.same_cuts
     assert again.to_json()["wholes_s"] == first.wholes_s
-
-
-def test_same_toolchain_cut_line_by_bytes_against_hand_figures(mnist) -> None:  # type: ignore[no-untyped-def]
-    """`TargetProfile.with_cut_line`: each chunk after the first costs its in-chain time less
-    its profile cost; the line keeps ``cut_s`` per cut over the chunks' cuts and takes its
-    slope from those points; the estimator charges a fed candidate at its entering bytes."""
-    graph, _ = mnist
-    prof, per_node = _hand_profile(graph)
-    tp = TargetProfile.of(prof, cut_s=100e-6, split=SplitPricing.WORK_SHARE)
-    names = [n.name for n in graph.nodes]
-    chunks = [names[:2], names[2:4], names[4:]]
-    share = [sum(per_node[n] for n in c) / 1.1 for c in chunks]
-    # chunk 1 (entered by 4000 bytes) 50 us over its share, chunk 2 (12000 bytes) 250 us over
-    line = tp.with_cut_line(chunks, [share[0], share[1] + 50e-6, share[2] + 250e-6],
-                            [0, 4000, 12000])
-    # slope 200 us / 8000 bytes = 0.025 us/byte; level: 2 cuts x 100 us = 200 us together,
-    # fixed = (200 - 0.025 x 16000) / 2 < 0: clamped to proportional, 200 us / 16000 bytes
-    assert line.cut_charge is not None
-    assert line.cut_charge.fixed_s == pytest.approx(0.0, abs=1e-15)
-    assert line.cut_charge.per_byte_s == pytest.approx(200e-6 / 16000)
-    assert line.cost_s(chunks[2], True, 12000) == pytest.approx(share[2] + 150e-6)
-    assert line.cost_s(chunks[2], True) == pytest.approx(share[2] + 100e-6)  # no bytes: cut_s
-    assert line.cost_s(chunks[2], False, 12000) == pytest.approx(share[2])
-    assert tp.with_cut_line(chunks, [1e-3], [0]) is tp  # lists that do not match: unchanged
-    est = ProfiledEstimator({ORT.id: line}, AnalyticEstimator())
-    cands = all_candidates(graph, build_specs([ORT], RuleOptions(max_depth=4)))
-    for c, cost in zip(cands, est.estimate(cands)):
-        fed = [graph.tensors[t].nbytes for t in c.sub_graph.input_tensors
-               if graph.producer.get(t) is not None]
-        want = sum(per_node[n] for n in c.node_names) / 1.1 + (
-            sum(fed) * 200e-6 / 16000 if fed else 0.0)
-        assert cost.seconds == pytest.approx(want, rel=1e-9), c.label()
-        assert est.lower_bound(c).seconds <= cost.seconds + 1e-15
