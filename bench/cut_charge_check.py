@@ -26,12 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from bench.cut_fit import rotated_medians
-from bench.plan_error import campaign
-from bench.profile_mode import MODELS, load
-from collage_farm import zoo
+from bench.plan_error import campaign, model_source, timing_parser
+from bench.profile_mode import load
 from collage_farm.campaign import (
     TuneOptions,
     build_specs,
@@ -87,11 +84,7 @@ def timed(graph: Any, plans: dict[str, list[Any]], targets: list[Any], rounds: i
 
 def check(label: str, work: Path, targets: str, args: argparse.Namespace) -> list[str]:
     """One campaign, the offline searches, the timing; the table rows."""
-    source = label
-    if label in MODELS:
-        name, kw = MODELS[label]
-        source = str(work / f"{label}.onnx")
-        onnx.save(zoo.build(name, **kw), source)
+    source = model_source(label, work)
     before = load()
     s = campaign(source, targets, work, args.num_cpus)
     graph = load_source(source)
@@ -133,14 +126,7 @@ def check(label: str, work: Path, targets: str, args: argparse.Namespace) -> lis
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="mobilenet_v2-96,pkg:ppocr-rec",
-                    help=f"of {', '.join(MODELS)}, or a source such as pkg:ppocr-rec")
-    ap.add_argument("--targets", default="ort-cpu,openvino-cpu,litert-cpu")
-    ap.add_argument("--num-cpus", type=int, default=None)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--runs", type=int, default=10)
-    args = ap.parse_args()
+    args = timing_parser(__doc__, "mobilenet_v2-96,pkg:ppocr-rec", None, 7, 10).parse_args()
     print("| model | plan | partitions | cuts | KiB crossing cuts | estimated ms, cuts const "
           "| estimated ms, cuts by bytes | measured ms | calibrated error, const | "
           "calibrated error, bytes |\n" + "|---" * 10 + "|", flush=True)

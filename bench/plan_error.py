@@ -147,15 +147,33 @@ def report(label: str, s: dict[str, Any], plan: dict[str, Any], in_chain: dict[s
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="resnet18-64,mobilenet_v2-96,gpt2-2L",
+def model_source(label: str, work: Path) -> str:
+    """A model argument as a campaign's source: a zoo model of `MODELS` saved under ``work``,
+    anything else (``pkg:ppocr-rec``, a path) as given."""
+    if label not in MODELS:
+        return label
+    name, kw = MODELS[label]
+    source = str(work / f"{label}.onnx")
+    onnx.save(zoo.build(name, **kw), source)
+    return source
+
+
+def timing_parser(doc: str, models: str, num_cpus: int | None, rounds: int, runs: int
+                  ) -> argparse.ArgumentParser:
+    """The options these campaign-then-timing benches share."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--models", default=models,
                     help=f"of {', '.join(MODELS)}, or a source such as pkg:ppocr-rec")
     ap.add_argument("--targets", default="ort-cpu,openvino-cpu,litert-cpu")
+    ap.add_argument("--num-cpus", type=int, default=num_cpus)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--runs", type=int, default=runs, help="chain runs per round")
+    return ap
+
+
+def main() -> None:
+    ap = timing_parser(__doc__, "resnet18-64,mobilenet_v2-96,gpt2-2L", 2, 9, 20)
     ap.add_argument("--campaigns", type=int, default=2)
-    ap.add_argument("--num-cpus", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--runs", type=int, default=20, help="chain runs per round")
     ap.add_argument("--fresh-base", action="store_true",
                     help="re-take the probe's whole-model times right before the timing")
     ap.add_argument("--keep", type=Path, default=None, help="keep campaign dirs under DIR")
@@ -173,11 +191,7 @@ def main() -> None:
         for i in range(args.campaigns):
             work = root / f"{label.replace(':', '-')}-{i}"
             work.mkdir(parents=True, exist_ok=True)
-            source = label  # a source such as pkg:ppocr-rec, or a zoo model saved here
-            if label in MODELS:
-                name, kw = MODELS[label]
-                source = str(work / f"{label}.onnx")
-                onnx.save(zoo.build(name, **kw), source)
+            source = model_source(label, work)
             before = load()
             s = campaign(source, args.targets, work, args.num_cpus)
             (work / "summary.json").write_text(json.dumps(s, indent=1, default=str))
