@@ -14,9 +14,11 @@ process and interleaved (rotated order each round):
 Printed per partition: target, nodes, how its target's costs were obtained (the profiler's
 method, or ``prefix`` when the profiler was rejected and prefix differences at thin cuts stand
 in), the estimate split into its profile share and its cut charge (the target's measured
-same-toolchain cut cost, charged when a partition feeds it) plus the transition penalty, the
-in-chain median, and the error ``(in chain - estimate) / in chain``, raw and with the target's
-drift taken out (the estimate times the target's whole model measured now / its time base).
+same-toolchain cut cost per cut, charged when a partition feeds it; where the campaign charged
+that cut by its bytes, the split is the per-cut figure's, the total the campaign's) plus the
+transition penalty, the in-chain median, and the error ``(in chain - estimate) / in chain``,
+raw and with the target's drift taken out (the estimate times the target's whole model
+measured now / its time base).
 With ``--fresh-base``, the cut-cost probe's whole-model times are re-taken right before the
 timing and the plan's estimate re-based on them (what the estimate would be with a time base
 seconds old instead of a campaign's minute).
@@ -42,11 +44,11 @@ import onnx
 from bench.profile_mode import MODELS, load
 from collage_farm import zoo
 from collage_farm.campaign import TuneOptions, run_tune
-from collage_farm.core.graph import load_graph
 from collage_farm.core.target import get_target, parse_targets
 from collage_farm.execute import PlanExecutor
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.probes.cutcost import measure_cut_costs
+from collage_farm.zoo.source import load_source
 from runners.base import DeviceDescription
 
 
@@ -62,7 +64,7 @@ def time_plans(plan_dir: Path, source: str, targets: list[str], rounds: int, run
                ) -> tuple[dict[str, float], dict[str, float], float]:
     """(each partition's in-chain median s, each target's whole model e2e median s, the
     plan's e2e median s), interleaved over ``rounds`` rounds of ``runs`` chain runs."""
-    g = load_graph(onnx.load(source))
+    g = load_source(source)
     builder = PlanBuilder(g)
     chains: dict[str, PlanExecutor] = {"plan": PlanExecutor(plan_dir)}
     for t in targets:
@@ -94,7 +96,7 @@ def method_of(s: dict[str, Any], tid: str) -> str:
 def fresh_base(source: str, targets: list[str]) -> dict[str, float]:
     """Each target's whole-model seconds from a cut-cost probe run now (the estimator's time
     base as a campaign takes it, re-taken right before the plan is timed)."""
-    g = load_graph(onnx.load(source))
+    g = load_source(source)
     cc = measure_cut_costs(g, [get_target(t) for t in targets], builder=PlanBuilder(g),
                            wholes=True)
     return dict(cc.wholes_s)
@@ -145,14 +147,33 @@ def report(label: str, s: dict[str, Any], plan: dict[str, Any], in_chain: dict[s
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="resnet18-64,mobilenet_v2-96,gpt2-2L")
+def model_source(label: str, work: Path) -> str:
+    """A model argument as a campaign's source: a zoo model of `MODELS` saved under ``work``,
+    anything else (``pkg:ppocr-rec``, a path) as given."""
+    if label not in MODELS:
+        return label
+    name, kw = MODELS[label]
+    source = str(work / f"{label}.onnx")
+    onnx.save(zoo.build(name, **kw), source)
+    return source
+
+
+def timing_parser(doc: str, models: str, num_cpus: int | None, rounds: int, runs: int
+                  ) -> argparse.ArgumentParser:
+    """The options these campaign-then-timing benches share."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--models", default=models,
+                    help=f"of {', '.join(MODELS)}, or a source such as pkg:ppocr-rec")
     ap.add_argument("--targets", default="ort-cpu,openvino-cpu,litert-cpu")
+    ap.add_argument("--num-cpus", type=int, default=num_cpus)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--runs", type=int, default=runs, help="chain runs per round")
+    return ap
+
+
+def main() -> None:
+    ap = timing_parser(__doc__, "resnet18-64,mobilenet_v2-96,gpt2-2L", 2, 9, 20)
     ap.add_argument("--campaigns", type=int, default=2)
-    ap.add_argument("--num-cpus", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--runs", type=int, default=20, help="chain runs per round")
     ap.add_argument("--fresh-base", action="store_true",
                     help="re-take the probe's whole-model times right before the timing")
     ap.add_argument("--keep", type=Path, default=None, help="keep campaign dirs under DIR")
@@ -167,12 +188,10 @@ def main() -> None:
     print("\n".join(head), flush=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-plan-error"))
     for label in args.models.split(","):
-        name, kw = MODELS[label]
         for i in range(args.campaigns):
-            work = root / f"{label}-{i}"
+            work = root / f"{label.replace(':', '-')}-{i}"
             work.mkdir(parents=True, exist_ok=True)
-            source = str(work / f"{label}.onnx")
-            onnx.save(zoo.build(name, **kw), source)
+            source = model_source(label, work)
             before = load()
             s = campaign(source, args.targets, work, args.num_cpus)
             (work / "summary.json").write_text(json.dumps(s, indent=1, default=str))

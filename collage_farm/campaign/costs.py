@@ -178,7 +178,7 @@ def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
     except Exception as e:  # a broken probe must not cost the campaign: say so, go on
         log.warning("cut costs unavailable (%s: %s)", type(e).__name__, e)
         return transition, {"error": f"{type(e).__name__}: {e}"}
-    return WithCutCosts(transition, cc.cuts), cc.to_json()
+    return WithCutCosts(transition, cc.cuts, cc.charges), cc.to_json()
 
 
 def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimator,

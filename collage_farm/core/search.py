@@ -9,10 +9,12 @@ contain partitions that depend on each other in a cycle (two convex partitions c
 tells every edge on which device each of its inputs lives.
 
 Edge cost = candidate cost + transition penalty: a launch per partition, a hand-off per tensor
-crossing its boundary, and a transfer per input that lives on a device not sharing memory with
-the candidate's (see `collage_farm.core.transition`). Because transfers depend on where inputs were
-produced, a state also remembers the device of each covered node whose output is still needed;
-when all targets share one memory that part of the key is empty and states are plain sets.
+crossing its boundary, a transfer per input that lives on a device not sharing memory with
+the candidate's, and a cut charge, by the bytes of the tensors it reads from other partitions,
+when another partition feeds it (see `collage_farm.core.transition`). Because transfers depend
+on where inputs were produced, a state also remembers the device of each covered node whose
+output is still needed; when all targets share one memory that part of the key is empty and
+states are plain sets.
 
 Costs are asked from the estimator in batches. With an estimator that offers lower bounds,
 edges are evaluated lazily: pushed with their bound, measured (in a batch with their siblings)
@@ -138,8 +140,8 @@ def _prepare(graph: DataflowGraph, cands: Sequence[CandidatePartition],
             pen += transition.handoff_s(c.target, nb)
             if name in graph_outs:
                 pen += transition.transfer_s(c.target.device, HOST, nb)
-        if inputs:  # fed by another partition: a cut into this target
-            pen += transition.cut_s(c.target)
+        if inputs:  # fed by another partition: a cut into this target, by the bytes entering
+            pen += transition.cut_s(c.target, sum(nb for _, nb in inputs))
         edges.append(_Edge(
             cand=c, idx=k, mask=c.mask, need=sg.input_mask, device=c.target.device,
             static_penalty=pen, inputs=tuple(sorted(inputs)), graph_in_bytes=gin,

@@ -11,9 +11,11 @@ search charges these on its edges, so the Dijkstra plan already accounts for the
 * ``transfer_s(src, dst, nbytes)``: per tensor between two partitions on devices that do not
   share memory; the search knows both ends because its states remember the device of every
   covered node that borders uncovered ones;
-* ``cut_s(target)``: once per partition fed by another partition, a property of the *model*
-  and the target: measured per campaign by `collage_farm.probes.cutcost` (each chunk of the model
-  inside chains where its neighbours run on other toolchains vs on its own), `WithCutCosts`.
+* ``cut_s(target, nbytes)``: once per partition fed by another partition, ``nbytes`` the
+  bytes of the tensors entering it from other partitions, a property of the *model* and the
+  target: measured per campaign by `collage_farm.probes.cutcost` (each chunk of the model
+  inside chains where its neighbours run on other toolchains vs on its own, a
+  `collage_farm.core.cutcharge.CutCharge` line in the bytes), `WithCutCosts`.
 
 `AnalyticTransitionModel` is a documented default (fixed latencies, bandwidths per device pair);
 `ConfiguredTransitionModel` adds the per device-pair links and the host of a system file
@@ -32,6 +34,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from collage_farm.core.cutcharge import CutCharge
 from collage_farm.core.target import CPU0, Target, VirtualDevice
 
 __all__ = [
@@ -69,20 +72,28 @@ class TransitionModel(abc.ABC):
     def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
         """Cost of moving ``nbytes`` from ``src`` to ``dst`` (0 when they share memory)."""
 
-    def cut_s(self, target: Target) -> float:
+    def cut_s(self, target: Target, nbytes: int | None = None) -> float:
         """Cost of entering a partition on ``target`` from another partition of *this model*
         (once per partition fed by another one; graph inputs are not cuts): what a cut costs
         beyond its candidates' own measurements, e.g. caches and layouts the previous
-        toolchain left. 0 unless measured for the model (`collage_farm.probes.cutcost`)."""
+        toolchain left. ``nbytes``: the bytes of the tensors entering the partition from
+        other partitions (None: not known; a per-target figure independent of size).
+        0 unless measured for the model (`collage_farm.probes.cutcost`)."""
         return 0.0
 
 
 @dataclass(frozen=True)
 class WithCutCosts(TransitionModel):
-    """``base`` plus measured per-target cut costs for one model (`collage_farm.probes.cutcost`)."""
+    """``base`` plus measured per-target cut costs for one model (`collage_farm.probes.cutcost`).
+
+    A cut of known size into a target with a fitted ``charges`` line is charged by its bytes;
+    otherwise (no bytes given, or a probe read back from rows that predate the fit) the
+    target's one figure in ``cuts``."""
 
     base: TransitionModel
     cuts: Mapping[str, float]  # target id -> seconds per cut into a partition on it
+    #: target id -> seconds per cut by the bytes entering the partition
+    charges: Mapping[str, CutCharge] = field(default_factory=dict)
 
     @property
     def label(self) -> str:  # type: ignore[override]
@@ -97,8 +108,11 @@ class WithCutCosts(TransitionModel):
     def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
         return self.base.transfer_s(src, dst, nbytes)
 
-    def cut_s(self, target: Target) -> float:
-        return max(0.0, float(self.cuts.get(target.id, 0.0))) + self.base.cut_s(target)
+    def cut_s(self, target: Target, nbytes: int | None = None) -> float:
+        fit = self.charges.get(target.id)
+        own = (fit.cost(nbytes) if fit is not None and nbytes is not None
+               else max(0.0, float(self.cuts.get(target.id, 0.0))))
+        return own + self.base.cut_s(target, nbytes)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,17 @@ sizes, what the neighbour leaves in the caches), so it is measured per model:
    the verify run did);
 4. a chunk on B entered from another toolchain costs ``median(t in the mixed chain) -
    median(t in the all-B chain)`` more; B's cut cost is the median of these over chunks and
-   partners, floored at 0.
+   partners, floored at 0;
+5. the same points, each with the bytes of the tensors entering its chunk from other chunks
+   (the chunks cut the model at different depths, so at tensors of different sizes), give
+   B's cut charge by bytes: a robust line ``fixed + per_byte x bytes`` floored at 0 and capped
+   at the largest point (`collage_farm.core.cutcharge.fit_cut_charge`: Theil-Sen over every
+   point of every partner).
 
-The search charges it once per partition fed by another partition (`TransitionModel.cut_s`,
-`WithCutCosts`). Same-toolchain cuts cost nothing here: their lost fusion and reorders are
-already in the candidates' own measurements.
+The search charges it once per partition fed by another partition, by the bytes entering that
+partition from other partitions (`TransitionModel.cut_s`, `WithCutCosts`); a caller that knows
+no bytes gets the step-4 figure. Same-toolchain cuts cost nothing here: their lost fusion and
+reorders are already in the candidates' own measurements.
 
 Like every measurement, the result lands in the cost table (`cached_cut_costs`): one row per
 target, fingerprint ``cutcost:<whole-model structural hash>:<chunks>``, on this host's device
@@ -49,6 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from collage_farm.core.cutcharge import CutCharge, entering_bytes, fit_cut_charge
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
@@ -60,7 +67,7 @@ from runners.registry import get_toolchain
 log = logging.getLogger(__name__)
 
 __all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
-           "cut_fingerprint", "measure_cut_costs"]
+           "cut_fingerprint", "entering_bytes", "measure_cut_costs"]
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
@@ -88,6 +95,47 @@ class CutCosts:
     wholes_s: dict[str, float] = field(default_factory=dict)
     #: chain label -> runs per round (measured now; empty when read back)
     runs: dict[str, int] = field(default_factory=dict)
+    #: target id -> cut charge by the bytes entering the partition (step 5; empty when read
+    #: back from rows written before the fit: those charge ``cuts``)
+    charges: dict[str, CutCharge] = field(default_factory=dict)
+    #: per chunk, the bytes entering it from other chunks (measured now; else empty)
+    chunk_bytes: tuple[int, ...] = ()
+    #: chain label -> median seconds of each of its chunks inside it (read back from the
+    #: table: the all-target chains only, by target id; empty for rows that predate them)
+    chunk_s: dict[str, list[float]] = field(default_factory=dict)
+
+    def row_details(self, tid: str) -> tuple[tuple[str, Any], ...]:
+        """Target ``tid``'s cost-table row details (`cached_cut_costs`; `from_rows` reads
+        them back)."""
+        out: list[tuple[str, Any]] = [("chunks", self.chunks), ("rounds", self.rounds)]
+        if tid in self.same_cuts:
+            out.append(("same_cut_s", self.same_cuts[tid]))
+        if tid in self.wholes_s:
+            out.append(("whole_s", self.wholes_s[tid]))
+        if tid in self.charges:
+            line = self.charges[tid]
+            out += [("cut_fixed_s", line.fixed_s), ("cut_per_byte_s", line.per_byte_s),
+                    *((("cut_cap_s", line.cap_s),) if math.isfinite(line.cap_s) else ())]
+        if tid in self.chunk_s and self.chunk_bytes:
+            out += [("chunk_s", list(self.chunk_s[tid])), ("chunk_bytes", list(self.chunk_bytes))]
+        return tuple(out)
+
+    @staticmethod
+    def from_rows(cuts: dict[str, float], details: dict[str, dict[str, Any]],
+                  chunks: int) -> CutCosts:
+        """Cut costs read back from each target's row (``cuts``: its seconds; ``details``:
+        its `row_details`); what a row lacks (written by an earlier version) stays empty."""
+        def each(key: str) -> dict[str, Any]:
+            return {k: d[key] for k, d in details.items() if key in d}
+        charges = {k: CutCharge(float(d["cut_fixed_s"]), float(d["cut_per_byte_s"]),
+                                float(d.get("cut_cap_s", math.inf)))
+                   for k, d in details.items() if "cut_fixed_s" in d and "cut_per_byte_s" in d}
+        nbytes = next((tuple(int(b) for b in v) for v in each("chunk_bytes").values()), ())
+        return CutCosts(cuts, chunks, 0, cached=True,
+                        same_cuts={k: float(v) for k, v in each("same_cut_s").items()},
+                        wholes_s={k: float(v) for k, v in each("whole_s").items()},
+                        charges=charges, chunk_bytes=nbytes,
+                        chunk_s={k: [float(x) for x in v] for k, v in each("chunk_s").items()})
 
     def to_json(self) -> dict[str, Any]:
         out = {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
@@ -99,6 +147,12 @@ class CutCosts:
             out["wholes_s"] = dict(self.wholes_s)
         if self.runs:
             out["runs_per_round"] = dict(self.runs)
+        if self.charges:
+            out["cut_charges"] = {k: c.to_json() for k, c in self.charges.items()}
+        if self.chunk_bytes:
+            out["chunk_bytes"] = list(self.chunk_bytes)
+        if self.chunk_s:
+            out["chunk_s"] = {k: list(v) for k, v in self.chunk_s.items()}
         return out
 
 
@@ -168,22 +222,37 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     # median seconds of chunk j inside each chain, by position
     med = {label: [statistics.median(samples[label][pid]) for pid in ids[label]]
            for label in chains}
-    extra: dict[str, list[float]] = {t.id: [] for t in targets}
-    for label, ts in layouts.items():
-        if "/" not in label or label not in med or len(ts) != len(masks):
-            continue  # single-target chains are the reference; skipped chains have nothing
-        for j in range(1, len(masks)):  # chunk j entered from chunk j-1's other toolchain
-            extra[ts[j].id].append(med[label][j] - med[ts[j].id][j])
-    cuts = {t: max(0.0, statistics.median(xs)) if xs else 0.0 for t, xs in extra.items()}
+    nbytes = tuple(entering_bytes(SubGraph(graph, m)) for m in masks)
+    extra = _mixed_points(layouts, med, nbytes, targets)
+    cuts = {t: max(0.0, statistics.median(x for _, x in xs)) if xs else 0.0
+            for t, xs in extra.items()}
+    charges = {t: fit_cut_charge(xs) for t, xs in extra.items() if xs}
     chain_s = {label: statistics.median(xs) for label, xs in totals.items() if xs}
     same = {t.id: max(0.0, (chain_s[t.id] - chain_s[f"{t.id}@whole"]) / (len(masks) - 1))
             for t in targets if t.id in chain_s and f"{t.id}@whole" in chain_s}
     wholes_s = {t.id: chain_s[f"{t.id}@whole"] for t in targets if f"{t.id}@whole" in chain_s}
     out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0,
-                   same_cuts=same, wholes_s=wholes_s, runs=runs)
+                   same_cuts=same, wholes_s=wholes_s, runs=runs, charges=charges,
+                   chunk_bytes=nbytes, chunk_s=med)
     log.info("cut costs for %s: %s (%d chunks, %d rounds, %.1f s)", graph.name,
-             {k: f"{v * 1e6:.0f} us" for k, v in cuts.items()}, len(masks), done, out.wall_s)
+             {k: f"{c.fixed_s * 1e6:.0f} us + {c.per_byte_s * 1e9:.2f} us/KB"
+              for k, c in charges.items()}, len(masks), done, out.wall_s)
     return out
+
+
+def _mixed_points(layouts: dict[str, list[Target]], med: dict[str, list[float]],
+                  nbytes: Sequence[int], targets: Sequence[Target]
+                  ) -> dict[str, list[tuple[int, float]]]:
+    """Per target, ``(bytes entering the chunk, its median in the mixed chain - in the
+    all-target chain)`` for every chunk of every mixed chain that ran (module docstring,
+    steps 4 and 5)."""
+    extra: dict[str, list[tuple[int, float]]] = {t.id: [] for t in targets}
+    for label, ts in layouts.items():
+        if "/" not in label or label not in med or len(ts) != len(nbytes):
+            continue  # single-target chains are the reference; skipped chains have nothing
+        for j in range(1, len(nbytes)):  # chunk j entered from chunk j-1's other toolchain
+            extra[ts[j].id].append((nbytes[j], med[label][j] - med[ts[j].id][j]))
+    return extra
 
 
 def _runs_to_fill(round_s: float, run_s: float) -> int:
@@ -209,8 +278,11 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
     """This model's cut costs from ``table`` (this host's rows; None: no table to read), else
     measured (``measure``) and appended to ``writer`` (None: not written); None when neither.
     ``wholes``: with same-target cut costs (`measure_cut_costs`; rows of their own, the
-    same-target cost in each row's details as ``same_cut_s``). ``probe``: `measure_cut_costs`
-    options.
+    same-target cost in each row's details as ``same_cut_s``). Each row's details carry the
+    target's charge by bytes (``cut_fixed_s``, ``cut_per_byte_s``, ``cut_cap_s``), its
+    all-target chain's per-chunk medians (``chunk_s``) and each chunk's entering bytes
+    (``chunk_bytes``); a row without them (written before the fit) reads back as its constant
+    only. ``probe``: `measure_cut_costs` options.
     """
     targets = list(dict.fromkeys(targets))
     fp = cut_fingerprint(graph, chunks, wholes)
@@ -219,12 +291,10 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
         hits = table.lookup([(fp, t.measure_key) for t in targets], device=host.describe(),
                             strictness="device")
         if all((fp, t.measure_key) in hits and hits[fp, t.measure_key].ok for t in targets):
-            cuts = {t.id: hits[fp, t.measure_key].seconds for t in targets}
-            details = {t.id: hits[fp, t.measure_key].details_dict() for t in targets}
-            same = {k: float(d["same_cut_s"]) for k, d in details.items() if "same_cut_s" in d}
-            wholes_s = {k: float(d["whole_s"]) for k, d in details.items() if "whole_s" in d}
-            return CutCosts(cuts, max(1, min(chunks, len(graph.nodes))), 0, cached=True,
-                            same_cuts=same, wholes_s=wholes_s)
+            return CutCosts.from_rows(
+                {t.id: hits[fp, t.measure_key].seconds for t in targets},
+                {t.id: hits[fp, t.measure_key].details_dict() for t in targets},
+                max(1, min(chunks, len(graph.nodes))))
     if not measure:
         return None
     cc = measure_cut_costs(graph, targets, chunks=chunks, wholes=wholes, **probe)
@@ -238,11 +308,8 @@ def cached_cut_costs(table: CostTable | None, graph: DataflowGraph, targets: Seq
                             summary=Summary.of((v,)), kind=Kind.MEASURED, device=host,
                             toolchain_version=get_toolchain(t.toolchain).version(),
                             measure_s=cc.wall_s,
-                            details=(("chunks", cc.chunks), ("rounds", cc.rounds),
-                                     *((("same_cut_s", cc.same_cuts[t.id]),)
-                                       if t.id in cc.same_cuts else ()),
-                                     *((("whole_s", cc.wholes_s[t.id]),)
-                                       if t.id in cc.wholes_s else ())))
+                            details=cc.row_details(t.id))
         writer.append(row_from_result(res, campaign_id=campaign_id, model=graph.name,
                                       nodes=[], op_types=["cut"]))
     return cc
+

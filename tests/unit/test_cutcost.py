@@ -3,6 +3,7 @@ probe."""
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +15,7 @@ from collage_farm.core.subgraph import SubGraph, iter_bits
 from collage_farm.core.target import BUILTIN_TARGETS as T
 from collage_farm.core.target import parse_targets
 from collage_farm.core.transition import AnalyticTransitionModel, WithCutCosts
-from collage_farm.costtable import CostTable, CostTableWriter
+from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.execute.executor import PlanExecutor
 from collage_farm.probes import cutcost
@@ -22,9 +23,11 @@ from collage_farm.probes.cutcost import (
     cached_cut_costs,
     chunk_masks,
     cut_fingerprint,
+    entering_bytes,
     measure_cut_costs,
 )
 from collage_farm.zoo.source import load_source
+from runners.base import DeviceDescription, Kind, MeasureConfig, MeasureResult, Status, Summary
 from tests.strategies import unary_chain
 
 
@@ -56,6 +59,14 @@ def test_real_probe_ort_and_openvino_on_mnist() -> None:
     assert all(0 < s < 1.0 for s in cc.chain_s.values())
     js = cc.to_json()
     assert js["cuts_s"] == cc.cuts and js["chunks"] == 3
+    # the fit by bytes: one line per target, each chunk's entering bytes, each chain's chunks
+    assert set(cc.charges) == {"ort-cpu", "openvino-cpu"}
+    assert all(c.per_byte_s >= 0 for c in cc.charges.values())
+    masks = chunk_masks(g, 3)
+    assert cc.chunk_bytes == tuple(entering_bytes(SubGraph(g, m)) for m in masks)
+    assert cc.chunk_bytes[0] == 0 and all(b > 0 for b in cc.chunk_bytes[1:])
+    assert set(cc.chunk_s) == set(cc.chain_s) and all(len(v) == 3 for v in cc.chunk_s.values())
+    assert js["cut_charges"]["ort-cpu"] == cc.charges["ort-cpu"].to_json()
 
 
 def test_a_wholes_probe_fills_each_round_like_the_verify_run() -> None:
@@ -118,6 +129,13 @@ def test_cut_costs_land_in_the_cost_table_and_are_reused(tmp_path) -> None:
     again = cached_cut_costs(CostTable(table), g, targets, chunks=3, measure=False)
     assert again is not None and again.cached and again.rounds == 0
     assert again.cuts == pytest.approx(first.cuts)
+    assert again.charges == first.charges and set(again.charges) == set(first.cuts)
+    # the line rides in the rows' JSON details: the schema is unchanged, DuckDB reads it
+    got = duckdb.connect().sql(
+        "select target, cast(json_extract(details, '$.cut_per_byte_s') as double) from "
+        f"read_parquet('{table}/**/*.parquet') order by target").fetchall()
+    assert got == [(t, pytest.approx(first.charges[t].per_byte_s))
+                   for t in ("openvino-cpu", "ort-cpu")]
     assert len(CostTable(table).rows()) == 2  # nothing measured or written again
     base = AnalyticTransitionModel()
     offline, info = with_cut_costs(g, targets, base, table, measure=False)
@@ -167,3 +185,37 @@ def test_a_chain_longer_than_a_round_is_warmed_once_before_its_rounds(monkeypatc
     chains = len(cc.chain_s)
     assert chains == 6 and not cc.skipped  # 2 single-target, 2 wholes, 2 pairs
     assert sum(runs) == chains * (2 + 1)  # warm-up + proving run, then one round of one
+
+
+def test_entering_bytes_counts_tensors_from_other_nodes_once() -> None:
+    # t0 -> n0 -> t1 -> n1 -> t2 -> n2 -> t3, [1, 8] float32: 32 bytes a tensor
+    g = _chain(3)
+    def entering(mask: int) -> int:
+        return entering_bytes(SubGraph(g, mask))
+    assert entering(0b001) == 0  # reads the graph input: no cut
+    assert entering(0b010) == 32 and entering(0b110) == 32
+    assert entering(0b111) == 0
+
+
+def test_rows_written_before_the_fit_charge_their_constant(tmp_path) -> None:
+    """A cut-cost row without the fitted line (written by an earlier version) reads back as a
+    constant charge, whatever the bytes."""
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    targets = [T["ort-cpu"], T["openvino-cpu"]]
+    fp, host = cut_fingerprint(g, 3), DeviceDescription.host_cpu()
+    table = tmp_path / "costs"
+    with CostTableWriter(table) as w:
+        for t, v in zip(targets, (40e-6, 90e-6)):
+            res = MeasureResult(fp, t, Status.OK, MeasureConfig(mode="warm"), samples=(v,),
+                                summary=Summary.of((v,)), kind=Kind.MEASURED, device=host,
+                                details=(("chunks", 3), ("rounds", 5)))
+            w.append(row_from_result(res, campaign_id="old", model=g.name, nodes=[],
+                                     op_types=["cut"]))
+    old = cached_cut_costs(CostTable(table), g, targets, chunks=3, measure=False)
+    assert old is not None and old.cached and old.charges == {}
+    assert old.cuts == pytest.approx({"ort-cpu": 40e-6, "openvino-cpu": 90e-6})
+    tm = WithCutCosts(AnalyticTransitionModel(), old.cuts, old.charges)
+    base = AnalyticTransitionModel()
+    for nbytes in (None, 64, 10**6):
+        assert tm.cut_s(T["openvino-cpu"], nbytes) == pytest.approx(
+            90e-6 + base.cut_s(T["openvino-cpu"], nbytes))

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collage_farm.core.cost import Cost
+from collage_farm.core.cutcharge import CutCharge
 from collage_farm.core.graph import load_graph
 from collage_farm.core.rules import (
     ANY,
@@ -20,7 +21,7 @@ from collage_farm.core.rules import (
     default_spec,
     op,
 )
-from collage_farm.core.search import HOST, NoCoverError, search
+from collage_farm.core.search import HOST, NoCoverError, search, static_penalty_s
 from collage_farm.core.subgraph import SubGraphConfig
 from collage_farm.core.target import BUILTIN_TARGETS as T
 from collage_farm.core.transition import (
@@ -29,7 +30,7 @@ from collage_farm.core.transition import (
     ZeroTransitionModel,
 )
 from estimators.base import CostEstimator
-from tests.strategies import dags
+from tests.strategies import dags, unary_chain
 
 
 class HashEstimator(CostEstimator):
@@ -92,8 +93,9 @@ def brute_force(g, cands, est, transition):
             pen += transition.handoff_s(c.target, nb)
             if t in outs:
                 pen += transition.transfer_s(c.target.device, HOST, nb)
-        if any(g.producer.get(t) is not None for t in sg.input_tensors):
-            pen += transition.cut_s(c.target)  # fed by another partition
+        fed = [g.tensors[t].nbytes for t in sg.input_tensors if g.producer.get(t) is not None]
+        if fed:  # fed by another partition: charged by the bytes entering it
+            pen += transition.cut_s(c.target, sum(fed))
         return pen
 
     def rec(covered, devmap, total):
@@ -123,13 +125,16 @@ def brute_force(g, cands, est, transition):
 @settings(max_examples=60, deadline=None)
 @given(dags(max_nodes=8), st.sampled_from(sorted(TARGET_SETS)), st.booleans(),
        st.sampled_from(["graph", "fuseops", "library"]),
-       st.sampled_from([0.0, 2e-6, 3e-5]))
-def test_dijkstra_equals_brute_force(model, tset, zero, style, cut):
+       st.sampled_from([0.0, 2e-6, 3e-5]), st.booleans())
+def test_dijkstra_equals_brute_force(model, tset, zero, style, cut, by_bytes):
     g = load_graph(model)
     cands = _cands(g, TARGET_SETS[tset], style=style)
     transition = ZeroTransitionModel() if zero else AnalyticTransitionModel(scale=3.0)
     if cut:  # a measured cut cost into the first target of the set only
-        transition = WithCutCosts(transition, {TARGET_SETS[tset][0]: cut})
+        first = TARGET_SETS[tset][0]
+        # by bytes: 0 below 16 bytes, then cut / 16 per byte (a 32-byte tensor pays ``cut``)
+        charges = {first: CutCharge(-cut, cut / 16)} if by_bytes else {}
+        transition = WithCutCosts(transition, {first: cut}, charges)
     est = HashEstimator(fail_ratio=0.1)
     expected = brute_force(g, cands, est, transition)
     if math.isinf(expected):
@@ -223,8 +228,6 @@ def test_patterns_match_conv_add_relu():
 def test_cut_costs_steer_the_search_away_from_mixing() -> None:
     """A chain where each target is cheaper on half the nodes: free cuts mix, a measured cut
     cost larger than the gain keeps one toolchain (and is charged once per entered partition)."""
-    from tests.strategies import unary_chain
-
     g = load_graph(unary_chain(["Sigmoid", "Relu"] * 3))
     cands = _cands(g, ("ort-cpu", "openvino-cpu"), depth=1)
 
@@ -247,3 +250,21 @@ def test_cut_costs_steer_the_search_away_from_mixing() -> None:
     mixed = search(g, cands, Split(), half)  # cheap cuts: mixing pays, each cut charged once
     n_cuts = len(mixed.partitions) - 1
     assert n_cuts >= 1 and mixed.total_s == pytest.approx(6e-6 + n_cuts * 1e-6)
+
+
+def test_a_cut_is_charged_by_the_bytes_entering_the_partition():
+    """A partition fed by another one pays its target's cut charge at the bytes of the
+    tensors it reads from other partitions (graph inputs are not cuts); a caller without bytes
+    gets the target's constant, and targets without a fitted line keep the constant too."""
+    g = load_graph(unary_chain(["Relu", "Sigmoid", "Relu"], width=8))  # 32-byte tensors
+    cands = _cands(g, ["ort-cpu", "openvino-cpu"], depth=1)
+    fed = next(c for c in cands if c.target.id == "openvino-cpu" and c.sub_graph.first == 1)
+    first = next(c for c in cands if c.target.id == "openvino-cpu" and c.sub_graph.first == 0)
+    cut = WithCutCosts(ZeroTransitionModel(), {"openvino-cpu": 7e-6, "ort-cpu": 5e-6},
+                       {"openvino-cpu": CutCharge(2e-6, 1e-7)})
+    assert static_penalty_s(g, fed, cut) == pytest.approx(2e-6 + 32 * 1e-7)  # 5.2 us
+    assert static_penalty_s(g, first, cut) == 0.0  # reads the graph input only: no cut
+    assert cut.cut_s(T["openvino-cpu"]) == 7e-6  # no bytes: the constant
+    assert cut.cut_s(T["ort-cpu"], 32) == 5e-6  # no line for ORT: the constant
+    floor = WithCutCosts(ZeroTransitionModel(), {}, {"openvino-cpu": CutCharge(-1e-5, 1e-7)})
+    assert floor.cut_s(T["openvino-cpu"], 32) == 0.0  # -6.8 us floored at 0
