@@ -16,6 +16,17 @@ if TYPE_CHECKING:
     import onnx
 
 
+def lowered(graph: DataflowGraph, mode: str,
+            ranges: Mapping[str, tuple[float, float]]) -> _Lowering:
+    """``graph`` lowered into the converter's IR: every node's ops, then (fp32) the layout
+    peephole; not yet quantised or written."""
+    lowering = _Lowering(graph, mode, ranges)
+    lowering.run()
+    if mode == "fp32":
+        _TransposeOptimiser(lowering).run()
+    return lowering
+
+
 def convert(
     model: bytes | onnx.ModelProto | DataflowGraph,
     mode: str = "int8",
@@ -43,9 +54,6 @@ def convert(
         ranges = {k: (float(v[0]), float(v[1])) for k, v in tensor_ranges.items()}
     else:
         ranges = {k: (float(lo), float(hi)) for k, lo, hi in tensor_ranges}
-    lowering = _Lowering(graph, mode, ranges)
-    lowering.run()
-    if mode == "fp32":
-        _TransposeOptimiser(lowering).run()
+    lowering = lowered(graph, mode, ranges)
     q = resolve_qparams(lowering) if mode == "int8" else {}
     return _serialise(lowering, q, write)
