@@ -298,6 +298,22 @@ def test_a_move_the_estimate_rules_out_is_not_run(
     assert len(r.trials) == 2 and len(calls) == 2 and r.skipped_by_estimate == 0
 
 
+def _scripted(ms: dict[str, float], timed: list[set[str]] | None = None):  # type: ignore[no-untyped-def]
+    """An interleaved run's stand-in: each callable ``ms[name]`` ms, 1-2% apart per round;
+    the names of each run go into ``timed``."""
+    from collage_farm import execute as executor
+
+    def scripted(fns, config, stop=None):  # type: ignore[no-untyped-def]
+        if timed is not None:
+            timed.append(set(fns))
+        rounds = {n: tuple(ms[n] * 1e-3 * (1 + 0.01 * (k % 3)) for k in range(config.rounds))
+                  for n in fns}
+        return executor.Interleaved(
+            {n: Summary(ms[n] * 1e-3, ms[n] * 1e-3, 0, ms[n] * 1e-3, ms[n] * 1e-3,
+                        ms[n] * 1e-3, 10, 0.0) for n in fns}, rounds)
+    return scripted
+
+
 def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
                         ms: dict[str, float], pins: object) -> object:
     """`post_search` on a plan that honours ``pins``, with the interleaved timings scripted
@@ -310,14 +326,7 @@ def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
     from collage_farm.postsearch.decide import PostSearchOptions, post_search
     from estimators.mock import MockEstimator
 
-    def scripted(fns, config):
-        rounds = {n: tuple(ms[n] * 1e-3 * (1 + 0.01 * (k % 3)) for k in range(config.rounds))
-                  for n in fns}
-        return executor.Interleaved(
-            {n: Summary(ms[n] * 1e-3, ms[n] * 1e-3, 0, ms[n] * 1e-3, ms[n] * 1e-3,
-                        ms[n] * 1e-3, 10, 0.0) for n in fns}, rounds)
-
-    monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", _scripted(ms))
     plan = [Part(1 << n.index, OV if n.op_type == "MaxPool" else ORT) for n in mnist.nodes]
     assert why_invalid(mnist, plan, pins) is None
     result = SearchResult(tuple(PlannedPartition(CandidatePartition(SubGraph(mnist, p.mask),
@@ -418,16 +427,7 @@ def test_whole_model_moves_are_left_to_the_never_worse_run(
     ms = {"dijkstra": 2.0, "ort-cpu": 2.0, "openvino-cpu": 1.0, "current": 2.0,
           "candidate": 1.0}
     timed: list[set[str]] = []
-
-    def scripted(fns, config, stop=None):
-        timed.append(set(fns))
-        rounds = {n: tuple(ms[n] * 1e-3 * (1 + 0.01 * (k % 3)) for k in range(config.rounds))
-                  for n in fns}
-        return executor.Interleaved(
-            {n: Summary(ms[n] * 1e-3, ms[n] * 1e-3, 0, ms[n] * 1e-3, ms[n] * 1e-3,
-                        ms[n] * 1e-3, 10, 0.0) for n in fns}, rounds)
-
-    monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", _scripted(ms, timed))
     whole = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
     result = SearchResult((PlannedPartition(whole, Cost(2e-3), 0.0),), 2e-3, 1, 1, 1, 1, 0.1)
     opts = PostSearchOptions(targets=(ORT, OV), pins=None, verify=True, refine_trials=2,
