@@ -91,7 +91,7 @@ def _i32_vec(b: Any, vals: Sequence[int]) -> int:
     return b.CreateNumpyVector(np.asarray(list(vals), dtype=np.int32))
 
 
-def _byte_vec(b: Any, data: bytes, align: int = 16) -> int:
+def _byte_vec(b: Any, data: bytes | memoryview, align: int = 16) -> int:
     b.StartVector(1, len(data), align)
     b.head = b.head - len(data)
     b.Bytes[b.head:b.head + len(data)] = data
@@ -111,7 +111,7 @@ def _write_buffers(b: Any, enc: Sequence[_Encoded]) -> tuple[dict[int, int], lis
     from ethosu.vela.tflite import Buffer
 
     buffer_of: dict[int, int] = {}
-    buffer_data: list[bytes | None] = [None]
+    buffer_data: list[bytes | memoryview | None] = [None]
     for i, e in enumerate(enc):
         if e.data is not None:
             buffer_of[i] = len(buffer_data)
