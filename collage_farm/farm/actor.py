@@ -145,6 +145,13 @@ class RunnerActor:
         self.journal.mark(call)
         return _detail(res, runner=self.spec.name, node=self.spec.node_id[:12])
 
+    def run_shared(self, req: MeasureRequest, onnx_bytes: bytes, call: int = 0
+                   ) -> MeasureResult:
+        """`run` of a request sent without its model, which came beside it (``onnx_bytes``,
+        resolved from the object store where several requests share one copy)."""
+        build = dataclasses.replace(req.build, onnx_bytes=onnx_bytes)
+        return self.run(dataclasses.replace(req, build=build), call)
+
     def _safe_device(self, target: Target) -> DeviceDescription | None:
         try:
             return self._device(target)
