@@ -10,8 +10,9 @@ are launched): the dispatcher retries, counting strikes. A Ray error becomes an 
 * any other ``RayError`` (an object lost, its owner dead, ...): `Outcome.LOST`.
 
 A request whose model is at least `SHARED_MODEL_BYTES` sends it through the object store once
-for every request that holds the same bytes object (`RunnerActor.run_shared`): a campaign's
-profile requests, one per target, carry the same whole model (365 MB for gpt2-2L, whose every
+for every request that holds the same bytes object (`RunnerActor.run_shared`, which fetches
+it once and hands its worker process the same object, sent to it once): a campaign's profile
+requests, one per target, carry the same whole model (365 MB for gpt2-2L, whose every
 ``remote`` call serialised and stored a copy of it in ~2 s of the driver's time).
 """
 
@@ -87,7 +88,7 @@ class RayCalls(RunnerCalls):
             return runner.actor.run.remote(req, call)  # type: ignore[attr-defined]
         bare = dataclasses.replace(req, build=dataclasses.replace(req.build, onnx_bytes=b""))
         return runner.actor.run_shared.remote(  # type: ignore[attr-defined]
-            bare, self._model_ref(data), call)
+            bare, [self._model_ref(data)], call)
 
     def _model_ref(self, data: bytes) -> Any:
         """The object-store ref of ``data``: the last one's when it is the same object (held
