@@ -100,7 +100,9 @@ def phases(label: str, mode: str, s: dict[str, Any]) -> str:
     ref = s.get("refine") or {}
     return (f"  {label} {mode} phases s (measured wall): {parts}; sum {sum(ph.values()):.1f} "
             f"of {s['campaign_s']:.1f}; refine {ref.get('trials', 0)} trials run, "
-            f"{ref.get('skipped_by_estimate', 0)} skipped by the estimate; never-worse "
+            f"{ref.get('skipped_by_estimate', 0)} skipped by the estimate, "
+            f"{ref.get('skipped_timed_later', 0)} as whole models the never-worse run times; "
+            f"never-worse "
             f"{s.get('verify_rounds')} of {s.get('verify_rounds_limit')} rounds")
 
 

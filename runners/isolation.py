@@ -34,6 +34,7 @@ and two timings on one core would disturb each other anyway.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import pickle
@@ -54,7 +55,7 @@ from runners.base import (
     MeasureResult,
     Status,
 )
-from runners.worker_child import THREAD_ENV_VARS, child_main
+from runners.worker_child import NO_SOURCE, THREAD_ENV_VARS, child_main
 
 __all__ = ["Reply", "WorkerError", "WorkerProcess", "default_max_rss_mb", "describe_exit",
            "thread_env"]
@@ -215,6 +216,8 @@ class WorkerProcess:
         self._ready: dict[str, Any] | None = None
         self._seq = 0
         self._lock = threading.RLock()
+        # the model the child was last sent with ``build_keep`` and that child's pid
+        self._sent: tuple[bytes, int] | None = None
         self.restarts = 0
         self.crashes = 0
         self.timeouts = 0
@@ -462,7 +465,7 @@ class WorkerProcess:
         shipped back to the parent and out again: the child keeps its last build and the
         measure request names it. The returned `BuildResult` has no artifact.
         """
-        reply = self.request("build_keep", inp, build_timeout_s)
+        reply = self._build_keep(inp, build_timeout_s)
         if reply.ok and isinstance(reply.value, BuildResult):
             b = reply.value
         else:
@@ -483,6 +486,26 @@ class WorkerProcess:
         return b, MeasureResult.failed(b, status, reply.error or "worker returned no "
                                        "MeasureResult", config, build_s=b.build_s,
                                        measure_s=reply.elapsed_s)
+
+    def _build_keep(self, inp: BuildInput, timeout_s: float) -> Reply:
+        """The child's ``build_keep`` of ``inp``; when its model is the very bytes object the
+        same child was sent last (a campaign's profile requests, one per target), the model
+        is not sent again (``build_keep_source``: a transformer's few hundred MB through the
+        pipe and pickle twice)."""
+        src = inp.onnx_bytes
+        with self._lock:
+            kept = self._sent
+            if kept is not None and kept[0] is src and self._proc is not None \
+                    and kept[1] == self._proc.pid:
+                reply = self.request("build_keep_source",
+                                     dataclasses.replace(inp, onnx_bytes=b""), timeout_s)
+                if not (reply.ok and reply.value == NO_SOURCE):
+                    return reply
+            self._sent = None
+            reply = self.request("build_keep", inp, timeout_s)
+            if reply.ok and self._proc is not None:
+                self._sent = (src, self._proc.pid)
+            return reply
 
     def invoke(self, toolchain: str, method: str, *args: Any, timeout_s: float = 120.0,
                **kwargs: Any) -> Any:

@@ -81,9 +81,10 @@ from runners.cpu import classify_build_error, error_text, option_int, seed_of
 from runners.measure import flush_for, summarize, time_callable
 from runners.onnx_base import DigestMemo
 from runners.profile import Profiler
-from runners.profilers import PrefixProfiler
+from runners.profilers import ConvertedPrefixProfiler
 from runners.runtime import PartitionRuntime, RuntimeInput, generic_runtime
-from runners.tflite import CONVERTER_REVISION, ConversionError, IOSpec, convert, convertible
+from runners.tflite import CONVERTER_REVISION, ConversionError, IOSpec, convertible
+from runners.tflite.prefix import Lowered
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
@@ -288,6 +289,7 @@ class LiteRTToolchain(Toolchain):
         self._digest = DigestMemo(limit=4 * MAX_HANDLES, max_bytes=1 << 62)
         self._by_build: dict[int, tuple[BuildResult, int, _Handle]] = {}
         self._version: str | None = None
+        self._lowered: tuple[bytes, Lowered] | None = None  # the last build's (`build`)
 
     # --- Toolchain ---------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -321,8 +323,18 @@ class LiteRTToolchain(Toolchain):
 
     def profiler(self) -> Profiler:
         """The LiteRT interpreter exposes no per-operator timer to Python: differences of
-        prefixes cut at thin cuts (`runners.profilers.PrefixProfiler`)."""
-        return PrefixProfiler(self)
+        prefixes cut at thin cuts, each cut from one lowering of the whole model
+        (`runners.profilers.ConvertedPrefixProfiler`)."""
+        return ConvertedPrefixProfiler(self, self._lowering_of)
+
+    def _lowering_of(self, onnx_bytes: bytes) -> Lowered:
+        """The whole model's lowering: the last build's when it was made from these very
+        bytes (the worker builds, then profiles, the same object), else lowered now."""
+        kept = self._lowered
+        self._lowered = None  # the profile holds it while it needs it
+        if kept is not None and kept[0] is onnx_bytes:
+            return kept[1]
+        return Lowered.of(read_model(onnx_bytes))
 
     def build(self, inp: BuildInput) -> BuildResult:
         t0 = time.perf_counter()
@@ -332,7 +344,10 @@ class LiteRTToolchain(Toolchain):
         try:  # parsed once, for the feeds' overrides and then the converter
             model = read_model(inp.onnx_bytes)
             feeds_note = _feed_overrides(model)
-            converted = convert(model, mode="fp32")
+            lowered = Lowered.of(model)
+            converted = lowered.whole()
+            # kept for a profile of the same bytes (its prefixes are cut from this lowering)
+            self._lowered = (inp.onnx_bytes, lowered)
         except ConversionError as e:  # UnsupportedOp and anything the writer cannot express
             return BuildResult(inp.fingerprint, inp.target, Status.UNSUPPORTED,
                                error=error_text(e), build_s=time.perf_counter() - t0)
@@ -509,6 +524,7 @@ class LiteRTToolchain(Toolchain):
         self._handles.clear()
         self._digest.clear()
         self._by_build.clear()
+        self._lowered = None
 
     # --- internals -----------------------------------------------------------------------
     def _make(self, data: bytes, threads: int) -> _Handle:

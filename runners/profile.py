@@ -35,7 +35,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -435,22 +435,31 @@ class PrefixProfiler(Profiler):
                 samples[i].append(float(statistics.median(timer(first if r == 0 else later))))
         return samples
 
-    def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
-                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
+    def _prefix_builds(self, build: BuildResult, onnx_bytes: bytes, topo: OnnxTopology,
+                       cuts: Sequence[int]) -> Iterator[BuildResult]:
+        """The prefixes' builds, one per cut, in order: each prefix extracted from the ONNX
+        model and built by the toolchain. Subclasses may make them another way (the same
+        nodes, the same fingerprints ``<whole>:p<i>``)."""
         import onnx
 
-        t0 = time.perf_counter()
         model = onnx.load_from_string(onnx_bytes)
+        for i, p in enumerate(cuts):
+            yield self._prefix_build(build, model, topo.names[:p], f"p{i}")
+
+    def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
+                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
+        t0 = time.perf_counter()
         topo = OnnxTopology.of(onnx_bytes)
         cuts = thin_cuts(topo, self.segments)
         bounds = [0, *cuts, len(topo.names)]
         timers = []
         build_s = 0.0
+        builds = self._prefix_builds(build, onnx_bytes, topo, cuts)
         # each prefix readied right after its build (`Toolchain.timer`: the rounds reuse its
         # session instead of compiling it once a round)
-        for i, p in enumerate(cuts):
+        for _ in cuts:
             t1 = time.perf_counter()
-            b = self._prefix_build(build, model, topo.names[:p], f"p{i}")
+            b = next(builds)
             build_s += time.perf_counter() - t1
             timers.append(self.toolchain.timer(b, config))
         timers.append(self.toolchain.timer(build, config))

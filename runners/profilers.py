@@ -18,6 +18,8 @@
   into prefixes at thin cuts (positions of the topological order where the fewest tensors
   cross), each prefix built and timed warm by the toolchain itself; a segment costs the
   difference of the two prefixes around it. Segments are the profile's groups.
+* `ConvertedPrefixProfiler` (LiteRT): the same prefixes, each cut from one lowering of the
+  whole model by the in-repo TFLite converter instead of converted on its own.
 """
 
 from __future__ import annotations
@@ -25,20 +27,24 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runners.base import BuildResult, MeasureConfig
+from runners.base import BuildResult, MeasureConfig, Status
 from runners.onnx_base import feeds_for, seed_of
 from runners.profile import OperatorProfile, PrefixProfiler, ProfileMethod, Profiler, thin_cuts
+from runners.tflite.prefix import Lowered
+from runners.tflite.result import ConversionError
 from runners.topology import OnnxTopology, attach_unassigned, groups_from, medians
 
 if TYPE_CHECKING:
     from runners.ort import OrtCpuToolchain
 
-__all__ = ["Kernel", "OpenVinoCountersProfiler", "OrtTraceProfiler", "PrefixProfiler",
-           "kernel_groups", "longest_known_prefix", "ort_kernel_times", "thin_cuts"]
+__all__ = ["ConvertedPrefixProfiler", "Kernel", "OpenVinoCountersProfiler", "OrtTraceProfiler",
+           "PrefixProfiler", "kernel_groups", "longest_known_prefix", "ort_kernel_times",
+           "thin_cuts"]
 
 KERNEL_SUFFIX = "_kernel_time"
 
@@ -315,3 +321,50 @@ class OpenVinoCountersProfiler(Profiler):
                                kernels=len(kernels),
                                notes=f"{len(kernels)} runtime layers for {len(topo.names)} "
                                "nodes")
+
+
+class ConvertedPrefixProfiler(PrefixProfiler):
+    """`PrefixProfiler` for a toolchain that runs the in-repo converter's fp32 TFLite (LiteRT):
+    the prefixes are cut from one lowering of the whole model (`runners.tflite.prefix.Lowered.
+    prefix`) instead of being extracted and converted one by one, so each is exactly the whole
+    model's kernels up to its cut, and a transformer's weights are parsed and lowered once.
+
+    ``lower(onnx_bytes)`` gives the whole model's `Lowered` (the toolchain may hand back the
+    one its build of the same bytes made). A prefix's build carries the whole build's
+    ``feed_specs`` (same inputs, same feeds); its artifact kind is the whole build's. A prefix
+    with no operator of its own (its nodes all folded away at conversion) is extracted and
+    built as `PrefixProfiler` builds it. ``prefix_lowering_s`` in `steps` is the lowering's
+    share of ``prefix_build_s``."""
+
+    def __init__(self, toolchain: Any, lower: Callable[[bytes], Lowered],
+                 segments: int = 6) -> None:
+        super().__init__(toolchain, segments)
+        self.lower = lower
+        self.lowering_s = 0.0
+
+    def _prefix_builds(self, build: BuildResult, onnx_bytes: bytes, topo: OnnxTopology,
+                       cuts: Sequence[int]) -> Iterator[BuildResult]:
+        t0 = time.perf_counter()
+        lowered = self.lower(onnx_bytes)
+        self.lowering_s = time.perf_counter() - t0
+        feeds = tuple((k, v) for k, v in build.details if k == "feed_specs")
+        model = None
+        for i, p in enumerate(cuts):
+            try:
+                data = lowered.prefix(topo.names[:p])
+            except ConversionError:  # no operator of its own (folded nodes): extracted
+                if model is None:
+                    import onnx
+
+                    model = onnx.load_from_string(onnx_bytes)
+                yield self._prefix_build(build, model, topo.names[:p], f"p{i}")
+                continue
+            yield BuildResult(f"{build.fingerprint}:p{i}", build.target, Status.OK,
+                              artifact=data, artifact_kind=build.artifact_kind,
+                              details=(*feeds, ("tflite_bytes", len(data))))
+
+    def profile(self, build: BuildResult, onnx_bytes: bytes, config: MeasureConfig,
+                runs: int, between: Callable[[], None] | None = None) -> OperatorProfile:
+        prof = super().profile(build, onnx_bytes, config, runs, between)
+        self.steps["prefix_lowering_s"] = self.lowering_s
+        return prof

@@ -91,8 +91,10 @@ def child_main(conn: Any, toolchains: tuple[str, ...], cores: tuple[int, ...] | 
 #: measures a candidate right after building it
 _KEPT: list[BuildResult] = []
 #: the ONNX model the kept build was made from (a profile request of a toolchain whose artifact
-#: is not ONNX, LiteRT's prefix profiler, cuts that model)
+#: is not ONNX, LiteRT's prefix profiler, cuts that model; ``build_keep_source`` builds it again)
 _KEPT_SOURCE: list[bytes] = []
+#: ``build_keep_source``'s answer when the child has no kept source (a fresh child): send it
+NO_SOURCE = "no-kept-source"
 
 
 def _handle(op: str, payload: Any, served: tuple[str, ...],
@@ -122,6 +124,11 @@ def _handle(op: str, payload: Any, served: tuple[str, ...],
         _KEPT[:] = [kept]
         _KEPT_SOURCE[:] = [payload.onnx_bytes]
         return dataclasses.replace(kept, artifact=b"")
+    if op == "build_keep_source":  # `build_keep` of the kept source, not sent again
+        if not _KEPT_SOURCE:
+            return NO_SOURCE
+        return _handle("build_keep", dataclasses.replace(payload, onnx_bytes=_KEPT_SOURCE[0]),
+                       served, status)
     if op == "measure_kept":
         fingerprint, target, config = payload
         kept = _KEPT[0] if _KEPT else None

@@ -273,7 +273,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
         plan.extra["decision"] = decision.to_json()
     plan = with_ethos_figures(plan, graph, opts.targets,  # Ethos-U boards
                               _row_details(table, plan, opts.targets), opts.calibration)
-    write_plan(plan, graph, result, opts.out)
+    write_plan(plan, graph, result, opts.out, models=builder.model_bytes)  # its extractions
     clock.lap("plan")
 
     per_target: dict[str, int] = {}

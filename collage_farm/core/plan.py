@@ -25,7 +25,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -153,19 +153,35 @@ def make_plan(graph: DataflowGraph, result: SearchResult, targets: Sequence[Targ
     )
 
 
-def write_plan(plan: Plan, graph: DataflowGraph, result: SearchResult, out_dir: str | Path
-               ) -> Path:
-    """Write ``plan.json`` and the partition files; the JSON is renamed in last (atomic)."""
+def write_plan(plan: Plan, graph: DataflowGraph, result: SearchResult, out_dir: str | Path,
+               models: Callable[[int], bytes] | None = None) -> Path:
+    """Write ``plan.json`` and the partition files; the JSON is renamed in last (atomic).
+
+    ``models(mask)``, when given, is the node set ``mask`` already extracted as an ONNX model
+    by `collage_farm.core.subgraph.SubGraph.extract` (a campaign's plan builder keeps the
+    ones it ran): the file is those bytes with the partition's graph name and properties
+    appended as a second serialised `onnx.ModelProto`, which protobuf merges into the first
+    when the file is read (a few hundred MB of a transformer are then neither extracted nor
+    serialised again). Without it, each partition is extracted here."""
     out = Path(out_dir)
     (out / "partitions").mkdir(parents=True, exist_ok=True)
     check_cover(plan, graph)
     for entry, pp in zip(plan.partitions, result.partitions):
-        model = pp.candidate.sub_graph.extract(name=f"{plan.model}_{entry.id}")
-        onnx.helper.set_model_props(model, {
-            **{m.key: m.value for m in model.metadata_props},
-            "collage.target": entry.target,
-            "collage.options": json.dumps(dict(entry.options), sort_keys=True, default=str)})
-        _atomic_write(out / entry.file, model.SerializeToString())
+        props = {"collage.target": entry.target,
+                 "collage.options": json.dumps(dict(entry.options), sort_keys=True,
+                                               default=str)}
+        name = f"{plan.model}_{entry.id}"
+        if models is not None:
+            tail = onnx.ModelProto()
+            tail.graph.name = name
+            onnx.helper.set_model_props(tail, props)
+            data = models(pp.candidate.sub_graph.mask) + tail.SerializeToString()
+        else:
+            model = pp.candidate.sub_graph.extract(name=name)
+            onnx.helper.set_model_props(model, {
+                **{m.key: m.value for m in model.metadata_props}, **props})
+            data = model.SerializeToString()
+        _atomic_write(out / entry.file, data)
     _atomic_write(out / PLAN_FILE, json.dumps(plan.to_json(), indent=2).encode())
     return out / PLAN_FILE
 

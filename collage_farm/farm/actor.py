@@ -52,6 +52,7 @@ class RunnerActor:
         self.busy_s = 0.0
         self.calls = 0
         self._desc: dict[str, DeviceDescription] = {}
+        self._model: tuple[str, bytes] | None = None  # `run_shared`'s last (ref, model)
 
     def _survey(self, toolchains: tuple[str, ...]
                 ) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...], dict[str, str]]:
@@ -144,6 +145,27 @@ class RunnerActor:
         self.calls += 1
         self.journal.mark(call)
         return _detail(res, runner=self.spec.name, node=self.spec.node_id[:12])
+
+    def run_shared(self, req: MeasureRequest, model: list[Any], call: int = 0
+                   ) -> MeasureResult:
+        """`run` of a request sent without its model: ``model`` holds the object-store ref
+        of it (in a list, so Ray hands the ref over unresolved). The last model fetched is
+        kept with its ref, so requests sharing one ref get the very same bytes object and
+        the worker process is not sent the model again (`runners.isolation`)."""
+        ref = model[0]
+        key = ref.hex()
+        if self._model is None or self._model[0] != key:
+            import ray
+
+            self._model = None  # the old one let go before the next is fetched
+            try:
+                self._model = (key, ray.get(ref))
+            except Exception as e:  # the object is gone: this request's row says so
+                return MeasureResult.failed(
+                    req.build, Status.RUNTIME_ERROR, f"the model could not be fetched from "
+                    f"the object store: {type(e).__name__}: {e}", req.config)
+        build = dataclasses.replace(req.build, onnx_bytes=self._model[1])
+        return self.run(dataclasses.replace(req, build=build), call)
 
     def _safe_device(self, target: Target) -> DeviceDescription | None:
         try:

@@ -366,6 +366,7 @@ class Farm(MeasurementService):
         for r in self._runners:
             self._calls.kill(r, restart=False)
             r.state = RunnerState.DEAD
+        self._calls.release()
         if self.owns_ray:
             shutdown()
 

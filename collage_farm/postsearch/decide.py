@@ -133,7 +133,8 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
                  time_budget_s=opts.refine_time_s,
                  config=MeasureConfig(rounds=5, min_round_s=0.02), pins=opts.pins,
                  builder=builder, extend_rounds=opts.verify_extend_rounds,
-                 skip=_estimated_loser(graph, result, est, transition, opts.refine_skip_loss))
+                 skip=_estimated_loser(graph, result, est, transition, opts.refine_skip_loss),
+                 timed_later=_timed_anyway(graph, opts))
     refined_result = result
     if ref.changed:
         refined_result = to_search_result(graph, ref.parts, result, estimate=est.estimate,
@@ -188,6 +189,25 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     measured = _for_report(info, builder, out_result, opts.report)
     clock.lap("partition_timing")
     return PostSearch(out_result, info, measured, clock.wall_s, dict(clock.phases))
+
+
+def _timed_anyway(graph: DataflowGraph, opts: PostSearchOptions
+                  ) -> Callable[[Sequence[Part]], str | None] | None:
+    """`refine`'s ``timed_later`` for a move whose plan is one searched target's whole model: the
+    never-worse run times every such whole model against the plan and writes the fastest
+    single toolchain unless the plan beats it beyond noise, so a refinement trial of it (a
+    1-partition plan's only moves are these switches) would decide nothing that run does not.
+    None when there is no never-worse run (``opts.verify`` off)."""
+    if not opts.verify:
+        return None
+    singles = {t.id for t in opts.targets if t.toolchain not in SIMULATED_TOOLCHAINS}
+
+    def later(move: Sequence[Part]) -> str | None:
+        if len(move) == 1 and move[0].mask == graph.all_mask and move[0].target.id in singles:
+            return (f"{move[0].target.id}'s whole model is timed against the plan in the "
+                    "never-worse run")
+        return None
+    return later
 
 
 def _estimated_loser(graph: DataflowGraph, result: SearchResult, est: CostEstimator,

@@ -16,7 +16,10 @@ The budget is a trial count and a wall-clock limit. Simulated partitions (Ethos-
 they are: they have no measured latency to improve. A caller with a cheap estimate of a whole
 plan (profile mode's estimator, which measures nothing) can pass ``skip``: a move it names a
 reason for is not run (``skipped_by_estimate`` counts them, and the reasons are logged), e.g.
-one estimated far slower than the current plan, a gain no noise could turn into a win.
+one estimated far slower than the current plan, a gain no noise could turn into a win. A
+caller that times some plans anyway after refinement (the never-worse run times every
+target's whole model against the plan) passes ``timed_later``: a move whose plan it names a
+reason for is not run either (``skipped_timed_later`` counts them).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class RefineResult:
     elapsed_s: float
     stopped_by: str  # "trials" | "time" | "exhausted" | "disabled" | "start failed: ..."
     skipped_by_estimate: int = 0  # moves not run: ``skip`` gave a reason
+    skipped_timed_later: int = 0  # moves not run: ``timed_later`` gave a reason
 
     @property
     def changed(self) -> bool:
@@ -90,6 +94,7 @@ class RefineResult:
         return {"trials": len(self.trials), "accepted": self.accepted,
                 "invalid_skipped": self.invalid_skipped, "elapsed_s": self.elapsed_s,
                 "skipped_by_estimate": self.skipped_by_estimate,
+                "skipped_timed_later": self.skipped_timed_later,
                 "stopped_by": self.stopped_by, "changed": self.changed,
                 "partitions_before": len(self.start), "partitions_after": len(self.parts),
                 "log": [t.to_json() for t in self.trials]}
@@ -100,7 +105,8 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
            threads: int = 1, pins: PinSet | None = None, builder: PlanBuilder | None = None,
            supports: Callable[[Target, int], bool] | None = None,
            extend_rounds: int = 0,
-           skip: Callable[[Sequence[Part], Sequence[Part]], str | None] | None = None
+           skip: Callable[[Sequence[Part], Sequence[Part]], str | None] | None = None,
+           timed_later: Callable[[Sequence[Part]], str | None] | None = None
            ) -> RefineResult:
     """Hill-climb from ``start`` with measured end-to-end latency (see module doc).
 
@@ -110,7 +116,8 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
     the 3% floor but not beyond noise gets ``extend_rounds`` more rounds, pooled with the
     first run's pairs, before it is decided (its second run is then as long). ``skip``
     (current parts, move's parts) -> a reason not to run the move, or None; a skipped move
-    does not count as a trial.
+    does not count as a trial. ``timed_later`` (move's parts) -> a reason the caller times
+    that plan anyway after refinement, or None; such a move is not run nor counted either.
     """
     t0 = time.perf_counter()
     start = tuple(start)
@@ -127,7 +134,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
     cur = start
     log_: list[Trial] = []
     invalid = 0
-    skipped = 0
+    skipped = later = 0
     tried: set[frozenset] = {plan_signature(cur)}
     stopped = "exhausted"
     improved = True
@@ -146,6 +153,11 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
             tried.add(sig)
             if why_invalid(graph, mv.parts, pins, sup) is not None:
                 invalid += 1
+                continue
+            why_later = timed_later(mv.parts) if timed_later is not None else None
+            if why_later:
+                later += 1
+                log.info("refine: %s not run: %s", mv.description, why_later)
                 continue
             why_not = skip(cur, mv.parts) if skip is not None else None
             if why_not:
@@ -179,7 +191,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
         if stopped in ("trials", "time"):
             break
     return RefineResult(start, tuple(cur), tuple(log_), invalid, time.perf_counter() - t0,
-                        stopped, skipped)
+                        stopped, skipped, later)
 
 
 def _timed(builder: PlanBuilder, parts: Sequence[Part]) -> Callable[[], None]:

@@ -18,6 +18,22 @@ if TYPE_CHECKING:
     import onnx
 
 
+def lowered(graph: DataflowGraph, mode: str, ranges: Mapping[str, tuple[float, float]],
+            activations: ActivationBits = ActivationBits.INT8,
+            channel_means: Mapping[str, Sequence[float] | np.ndarray] | None = None
+            ) -> _Lowering:
+    """``graph`` lowered into the converter's IR: every node's ops, then (fp32) the layout
+    peephole; not yet quantised or written (``activations``, ``channel_means``: `convert`)."""
+    lowering = _Lowering(graph, mode, ranges)
+    lowering.activations = activations
+    lowering.channel_means = {k: np.asarray(v, np.float64).reshape(-1)
+                              for k, v in (channel_means or {}).items()}
+    lowering.run()
+    if mode == "fp32":
+        _TransposeOptimiser(lowering).run()
+    return lowering
+
+
 def convert(
     model: bytes | onnx.ModelProto | DataflowGraph,
     mode: str = "int8",
@@ -51,12 +67,6 @@ def convert(
         ranges = {k: (float(v[0]), float(v[1])) for k, v in tensor_ranges.items()}
     else:
         ranges = {k: (float(lo), float(hi)) for k, lo, hi in tensor_ranges}
-    lowering = _Lowering(graph, mode, ranges)
-    lowering.activations = activations
-    lowering.channel_means = {k: np.asarray(v, np.float64).reshape(-1)
-                              for k, v in (channel_means or {}).items()}
-    lowering.run()
-    if mode == "fp32":
-        _TransposeOptimiser(lowering).run()
+    lowering = lowered(graph, mode, ranges, activations, channel_means)
     q = resolve_qparams(lowering) if mode == "int8" else {}
     return _serialise(lowering, q, write)

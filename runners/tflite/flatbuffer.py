@@ -92,7 +92,7 @@ def _i32_vec(b: Any, vals: Sequence[int]) -> int:
     return b.CreateNumpyVector(np.asarray(list(vals), dtype=np.int32))
 
 
-def _byte_vec(b: Any, data: bytes, align: int = 16) -> int:
+def _byte_vec(b: Any, data: bytes | memoryview, align: int = 16) -> int:
     b.StartVector(1, len(data), align)
     b.head = b.head - len(data)
     b.Bytes[b.head:b.head + len(data)] = data
@@ -112,7 +112,7 @@ def _write_buffers(b: Any, enc: Sequence[_Encoded]) -> tuple[dict[int, int], lis
     from ethosu.vela.tflite import Buffer
 
     buffer_of: dict[int, int] = {}
-    buffer_data: list[bytes | None] = [None]
+    buffer_data: list[bytes | memoryview | None] = [None]
     for i, e in enumerate(enc):
         if e.data is not None:
             buffer_of[i] = len(buffer_data)
@@ -238,4 +238,6 @@ def _write_model(b: Any, conv: _Builder,
     Model.ModelAddBuffers(b, bv)
     m = Model.ModelEnd(b)
     b.Finish(m, file_identifier=b"TFL3")
-    return bytes(b.Output())
+    # one copy of the used tail (`Builder.Output` slices, a copy, and `bytes` copies again:
+    # seconds for a model of a few hundred MB)
+    return bytes(memoryview(b.Bytes)[b.Head():])

@@ -132,8 +132,9 @@ class _Builder:
 
     def const(self, name: str, data: np.ndarray, kind: str, *, axis: int = 0,
               refs: tuple[int, ...] = ()) -> int:
-        arr = np.asarray(data)
-        arr = arr.astype({"int32": np.int32, "int64": np.int64}.get(kind, np.float32))
+        arr = np.asarray(data)  # not copied when it has the type already (never written to)
+        arr = arr.astype({"int32": np.int32, "int64": np.int64}.get(kind, np.float32),
+                         copy=False)
         return self._add(_T(name, tuple(arr.shape), kind, data=arr, axis=axis, refs=refs))
 
     def tie(self, a: int, b: int, requant_op: int | None = None) -> None:

@@ -222,7 +222,8 @@ class _Lowering(_Fp32Lowering):
             return
         a_shape = g.tensors[n.inputs[0]].shape
         y_shape = g.tensors[n.outputs[0]].shape
-        b = _init_array(g, n.inputs[1]).astype(np.float32)  # type: ignore[union-attr]
+        # no copy of a float32 weight (a fresh array: gpt2's 154 MB LM head copied in seconds)
+        b = _init_array(g, n.inputs[1]).astype(np.float32, copy=False)  # type: ignore[union-attr]
         if n.op_type == "Gemm":
             w = b if int(_attr(n, "transB", 0)) else b.T  # type: ignore[arg-type]
             w = w * np.float32(_attr(n, "alpha", 1.0))
@@ -252,7 +253,7 @@ class _Lowering(_Fp32Lowering):
         arr = _init_array(self.g, t)
         if arr is None:
             return self.act(t)
-        arr = arr.astype(np.float32)
+        arr = arr.astype(np.float32, copy=False)
         if transform is not None:
             arr = transform(arr)
         arr = _nhwc_const(arr, out_rank)

@@ -137,7 +137,7 @@ class _Fp32Lowering(TypedLowering):
         axis = axis + len(x_shape) if axis < 0 else axis
         table = _init_array(g, n.inputs[0])
         if table is not None:  # an embedding table: kept in the ONNX layout
-            p = self.const(f"{n.name}/params", table.astype(np.float32), "const")
+            p = self.const(f"{n.name}/params", table.astype(np.float32, copy=False), "const")
         else:
             p = self.act(n.inputs[0])
             if len(x_shape) == 4:

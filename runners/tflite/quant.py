@@ -204,7 +204,7 @@ def _insert_requants(ir: _Builder, q: dict[int, tuple[float, int]],
 @dataclass
 class _Encoded:
     ttype: int  # TensorType
-    data: bytes | None
+    data: bytes | memoryview | None
     scale: tuple[float, ...] = ()
     zero_point: tuple[int, ...] = ()
     axis: int = 0
@@ -221,7 +221,10 @@ def _encode(conv: _Builder, tid: int, q: Mapping[int, tuple[float, int]],
     if t.dtype != "float32":  # integer / boolean activation (fp32 mode): INT32 / INT64 / BOOL
         return _Encoded({"int32": 2, "int64": 4, "bool": 6}[t.dtype], None)
     if not int8:
-        data = None if t.data is None else np.ascontiguousarray(t.data, np.float32).tobytes()
+        # the array's own bytes (a view, not a copy: the writer copies them once, into the
+        # flatbuffer; a transformer's weights are a few hundred MB)
+        data = (None if t.data is None
+                else memoryview(np.ascontiguousarray(t.data, np.float32)).cast("B"))
         return _Encoded(0, data)
     wide = conv.activations is ActivationBits.INT16
     if t.kind == "act":

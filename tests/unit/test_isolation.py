@@ -181,3 +181,40 @@ def test_run_keeps_the_artifact_in_the_worker_and_keeps_both_deadlines(runner: L
     b, m = runner.run(BuildInput("dead0004", FAULTY, MODEL, label="dead"), CFG)
     assert b.status is Status.CRASHED and m.status is Status.CRASHED
     assert_serving(runner)
+
+
+def test_the_same_model_object_is_sent_to_the_child_once() -> None:
+    """`WorkerProcess.run` sends a model once per child: the next request holding the very
+    same bytes object builds from the child's kept source; other bytes (even equal), a child
+    that lost its source, or a restarted child get the model again. Results are the same."""
+    wp = WorkerProcess(["null"], max_rss_mb=None)
+    ops: list[str] = []
+    request = wp.request
+
+    def recording(op, payload, timeout_s):  # type: ignore[no-untyped-def]
+        ops.append(op)
+        if op == "build_keep_source":
+            assert payload.onnx_bytes == b""  # the model itself stays here
+        return request(op, payload, timeout_s)
+    wp.request = recording  # type: ignore[method-assign]
+    t = null_target()
+    try:
+        for fp in ("a", "b"):
+            b, m = wp.run(BuildInput(fp, t, MODEL), CFG, 30.0)
+            assert b.ok and m.ok and m.fingerprint == fp, (b.error, m.error)
+        assert ops == ["build_keep", "measure_kept", "build_keep_source", "measure_kept"]
+        ops.clear()
+        b, m = wp.run(BuildInput("c", t, bytes(bytearray(MODEL))), CFG, 30.0)
+        assert b.ok and m.ok and ops[0] == "build_keep"  # equal bytes, another object
+        ops.clear()
+        wp.restart()
+        b, m = wp.run(BuildInput("d", t, MODEL), CFG, 30.0)
+        assert b.ok and m.ok and ops[0] == "build_keep"  # a new child: sent again
+        ops.clear()
+        wp.restart()
+        wp.wait_ready()
+        wp._sent = (MODEL, wp._proc.pid)  # as if this child had been sent it: it says not
+        b, m = wp.run(BuildInput("e", t, MODEL), CFG, 30.0)
+        assert b.ok and m.ok and ops[:2] == ["build_keep_source", "build_keep"]
+    finally:
+        wp.close()

@@ -102,3 +102,33 @@ def test_plan_files_get_the_users_umask(tmp_path):
     assert any(p.parent.name == "partitions" for p in files)
     for p in files:
         assert stat.S_IMODE(p.stat().st_mode) == 0o640, (p, oct(p.stat().st_mode))
+
+
+def test_partition_files_from_a_builders_extractions_read_back_the_same(tmp_path):
+    """`write_plan(models=...)`: the builder's extracted bytes with the partition's name and
+    properties appended read back as the same `onnx.ModelProto` as a fresh extraction."""
+    import onnx
+
+    from collage_farm import zoo
+    from collage_farm.execute.builder import PlanBuilder
+
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    targets = [T["ort-cpu"], T["openvino-cpu"]]
+    cands = all_candidates(g, [default_spec(t, lambda n, gr: True) for t in targets])
+    r = search(g, cands, HashEstimator())
+    plan = make_plan(g, r, targets, estimator="test-hash")
+    builder = PlanBuilder(g)
+    asked: list[int] = []
+
+    def models(mask: int) -> bytes:
+        asked.append(mask)
+        return builder.model_bytes(mask)
+    write_plan(plan, g, r, tmp_path / "fresh")
+    write_plan(plan, g, r, tmp_path / "reused", models=models)
+    assert asked == [p.candidate.sub_graph.mask for p in r.partitions]
+    for p in plan.partitions:
+        a = onnx.load(str(tmp_path / "fresh" / p.file))
+        b = onnx.load(str(tmp_path / "reused" / p.file))
+        assert a == b and b.graph.name == f"{plan.model}_{p.id}"
+        assert {m.key: m.value for m in b.metadata_props}["collage.target"] == p.target
+    load_plan(tmp_path / "reused")

@@ -7,6 +7,7 @@ a speed-up figure.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import onnx
@@ -297,6 +298,22 @@ def test_a_move_the_estimate_rules_out_is_not_run(
     assert len(r.trials) == 2 and len(calls) == 2 and r.skipped_by_estimate == 0
 
 
+def _scripted(ms: dict[str, float], timed: list[set[str]] | None = None):  # type: ignore[no-untyped-def]
+    """An interleaved run's stand-in: each callable ``ms[name]`` ms, 1-2% apart per round;
+    the names of each run go into ``timed``."""
+    from collage_farm import execute as executor
+
+    def scripted(fns, config, stop=None):  # type: ignore[no-untyped-def]
+        if timed is not None:
+            timed.append(set(fns))
+        rounds = {n: tuple(ms[n] * 1e-3 * (1 + 0.01 * (k % 3)) for k in range(config.rounds))
+                  for n in fns}
+        return executor.Interleaved(
+            {n: Summary(ms[n] * 1e-3, ms[n] * 1e-3, 0, ms[n] * 1e-3, ms[n] * 1e-3,
+                        ms[n] * 1e-3, 10, 0.0) for n in fns}, rounds)
+    return scripted
+
+
 def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
                         ms: dict[str, float], pins: object) -> object:
     """`post_search` on a plan that honours ``pins``, with the interleaved timings scripted
@@ -309,14 +326,7 @@ def _pinned_post_search(mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch,
     from collage_farm.postsearch.decide import PostSearchOptions, post_search
     from estimators.mock import MockEstimator
 
-    def scripted(fns, config):
-        rounds = {n: tuple(ms[n] * 1e-3 * (1 + 0.01 * (k % 3)) for k in range(config.rounds))
-                  for n in fns}
-        return executor.Interleaved(
-            {n: Summary(ms[n] * 1e-3, ms[n] * 1e-3, 0, ms[n] * 1e-3, ms[n] * 1e-3,
-                        ms[n] * 1e-3, 10, 0.0) for n in fns}, rounds)
-
-    monkeypatch.setattr(executor, "measure_interleaved_rounds", scripted)
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", _scripted(ms))
     plan = [Part(1 << n.index, OV if n.op_type == "MaxPool" else ORT) for n in mnist.nodes]
     assert why_invalid(mnist, plan, pins) is None
     result = SearchResult(tuple(PlannedPartition(CandidatePartition(SubGraph(mnist, p.mask),
@@ -398,3 +408,41 @@ def test_profile_mode_skips_only_moves_priced_far_slower(mnist: DataflowGraph) -
     assert _estimated_loser(mnist, result, MockEstimator(), AnalyticTransitionModel(),
                             PROFILE_REFINE_SKIP_LOSS) is None  # exhaustive: every move runs
     assert _estimated_loser(mnist, result, est, AnalyticTransitionModel(), 0.0) is None
+
+
+def test_whole_model_moves_are_left_to_the_never_worse_run(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1-partition Dijkstra plan's moves are switches to another target's whole model,
+    which the never-worse run times anyway: refinement runs none of them (counted as
+    ``skipped_timed_later``), and the never-worse run still writes the faster whole model.
+    Without a never-worse run (no verify) the same move is run as a trial."""
+    from collage_farm import execute as executor
+    from collage_farm.core.candidate import CandidatePartition
+    from collage_farm.core.cost import Cost
+    from collage_farm.core.search import PlannedPartition
+    from collage_farm.core.transition import AnalyticTransitionModel
+    from collage_farm.postsearch.decide import PostSearchOptions, post_search
+    from estimators.mock import MockEstimator
+
+    ms = {"dijkstra": 2.0, "ort-cpu": 2.0, "openvino-cpu": 1.0, "current": 2.0,
+          "candidate": 1.0}
+    timed: list[set[str]] = []
+    monkeypatch.setattr(executor, "measure_interleaved_rounds", _scripted(ms, timed))
+    whole = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
+    result = SearchResult((PlannedPartition(whole, Cost(2e-3), 0.0),), 2e-3, 1, 1, 1, 1, 0.1)
+    opts = PostSearchOptions(targets=(ORT, OV), pins=None, verify=True, refine_trials=2,
+                             refine_time_s=120.0, verify_rounds=3, verify_extend_rounds=0,
+                             report=False)
+    b = PlanBuilder(mnist)
+    out = post_search(opts, mnist, result, MockEstimator(), AnalyticTransitionModel(), b)
+    ref = out.info["refine"]
+    assert ref["trials"] == 0 and ref["skipped_timed_later"] == 1 and not ref["changed"]
+    assert timed == [{"dijkstra", "openvino-cpu"}] or timed == [{"ort-cpu", "openvino-cpu"}]
+    assert out.info["plan_is"] == "best_single"
+    assert out.info["best_single_target"] == "openvino-cpu"
+    timed.clear()
+    out = post_search(dataclasses.replace(opts, verify=False), mnist, result, MockEstimator(),
+                      AnalyticTransitionModel(), b)
+    ref = out.info["refine"]
+    assert ref["trials"] >= 1 and ref["skipped_timed_later"] == 0
+    assert {"current", "candidate"} in timed
