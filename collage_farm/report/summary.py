@@ -296,6 +296,10 @@ def _history(s: Mapping[str, Any]) -> list[str]:
     if ref.get("trials") or ref.get("stopped_by") not in (None, "disabled"):
         line = (f"refinement of the Dijkstra plan: {plural(int(ref.get('trials') or 0), 'move')}"
                 f" tried, {ref.get('accepted', 0)} kept (stopped: {ref.get('stopped_by')})")
+        later = int(ref.get("skipped_timed_later") or 0)
+        if later:
+            line += (f"; {plural(later, 'move')} to a toolchain's whole model left to the "
+                     "never-worse run, which times every whole model against the plan")
         if s.get("refined_measured_s") is not None:
             line += (f"; the refined plan measured {ms(s['refined_measured_s'])} vs the "
                      f"Dijkstra plan {ms(dm)} in the never-worse run")
