@@ -27,7 +27,10 @@ Build (inside the runner's worker process: Vela segfaults on malformed TFLite):
    (``Performance`` by default) and ``arena_cache_size`` its ``--arena-cache-size`` (bytes;
    by default the memory mode's). Each is a target option, so a variant target (the built-in
    boards' ``-size`` NPU targets: ``optimise: Size``) has its own measure key and the search
-   picks per partition.
+   picks per partition. ``activations: int16`` (the catalogue's ``-a16`` targets) converts to
+   TFLite's 16x8 instead (int16 activations, int8 weights, int64 bias), each bias corrected
+   for its rounded weights' mean shift with the calibration's per-channel means
+   (`BuildInput.channel_means`, `runners.calibration.channel_means`).
 
 Cost: ``seconds = Vela total cycles / core clock of the system config`` for the NPU part, plus the
 host's cycle model for the operators Vela leaves on the CPU. Per-operator cycles are kept in
@@ -86,7 +89,13 @@ from runners.base import (
     Status,
     Toolchain,
 )
-from runners.deterministic import ConversionFailed, convert_for_build, one_sample, row_fields
+from runners.deterministic import (
+    ConversionFailed,
+    activation_bits,
+    convert_for_build,
+    one_sample,
+    row_fields,
+)
 from runners.host_model import HOST_MODEL_REVISION
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
@@ -490,7 +499,9 @@ class VelaToolchain(Toolchain):
         except Exception as e:
             return failed(Status.BUILD_FAILED, f"Vela configuration: {type(e).__name__}: {e}")
         try:
-            conv, note = convert_for_build(graph, "int8", inp.tensor_ranges)
+            conv, note = convert_for_build(graph, "int8", inp.tensor_ranges,
+                                           activations=activation_bits(inp.target.option("activations")),
+                                           channel_means=inp.channel_means)
         except ConversionFailed as e:
             return failed(e.status, e.error)
         try:

@@ -23,6 +23,13 @@ head over 6,625 characters did). A partition with a Softmax whose rows have >= 5
 (`SOFTMAX_ABORT_ROW`) therefore gets the fp32 stand-in, and ``numerics`` says why: `run`
 must never lose its process to one partition's numerics.
 
+16x8: a partition whose target says ``activations: int16`` (a Vela ``-a16`` target) is
+converted to TFLite's 16x8 scheme with the bias correction its costed build had
+(`RuntimeInput.channel_means`), and its ``precision`` is ``int16``. Partitions exchange float
+tensors here: each quantises its inputs on its own scheme and dequantises its outputs, which
+is the requantisation (int8 <-> int16, or a float host partition's DEQUANTIZE / QUANTIZE) a
+board does where a 16x8 partition meets another.
+
 Ranges: the int8 model is quantised with the ranges the costed build used, the whole model's
 (`RuntimeInput.tensor_ranges`, from `runners.calibration`), so the tensor between two chained
 int8 partitions has one scale and zero point on both sides, as in the deployed model. Only
@@ -40,9 +47,10 @@ import numpy as np
 import onnx
 
 from runners.base import Kind
+from runners.deterministic import activation_bits
 from runners.ort import OrtCpuToolchain, ort_session
 from runners.runtime import PartitionRuntime, RuntimeInput
-from runners.tflite import convert
+from runners.tflite import ActivationBits, convert
 
 __all__ = [
     "SOFTMAX_ABORT_ROW",
@@ -141,6 +149,9 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
         return fp32
     data, threads = inp.onnx_bytes, inp.threads
     given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
+    bits = activation_bits(dict(inp.options).get("activations"))
+    scheme = "int16" if bits is ActivationBits.INT16 else "int8"
+    label = "16x8" if bits is ActivationBits.INT16 else "int8"
     state: dict[str, Any] = {}
 
     def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -149,12 +160,13 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
             if risk:
                 raise Int8KernelRisk(risk)
             ranges, note = partition_ranges(data, given, feeds)
-            conv = convert(data, "int8", ranges)
+            conv = convert(data, "int8", ranges, activations=bits,
+                           channel_means=dict(inp.channel_means))
             interp = Interpreter(model_content=conv.tflite, num_threads=max(1, threads),
                                  experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
             interp.allocate_tensors()
             state["model"], state["interp"] = conv, interp
-            rt.numerics = f"litert int8 (runners.tflite; {note})"
+            rt.numerics = f"litert {label} (runners.tflite; {note})"
         conv, interp = state["model"], state["interp"]
         for s in conv.inputs:
             interp.set_tensor(s.index, s.to_tflite(feeds[s.name]))
@@ -182,6 +194,6 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
 
         return step
 
-    rt = PartitionRuntime.of(inp, toolchain, Kind.SIMULATED, "litert int8 (runners.tflite)",
-                             safe_plain, bind, precision="int8")
+    rt = PartitionRuntime.of(inp, toolchain, Kind.SIMULATED, f"litert {label} (runners.tflite)",
+                             safe_plain, bind, precision=scheme)
     return rt
