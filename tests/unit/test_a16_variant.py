@@ -26,7 +26,9 @@ from collage_farm.execute.numerics import INT8_STEPS, int8_step, reference_outpu
 from estimators.int8_ranges import channel_means_provider
 from runners.base import BuildInput, Status
 from runners.calibration import calibrate, channel_means, clear_memory_cache
-from runners.ethosu import VelaToolchain
+from runners.ethosu import A16_SOFTMAX_MAX_ROW, VelaToolchain
+from runners.runtime import RuntimeInput
+from runners.runtime_sim import SOFTMAX_ABORT_ROW
 
 pytest.importorskip("ethosu.regor")
 litert = pytest.importorskip("ai_edge_litert.interpreter")
@@ -157,3 +159,32 @@ def test_run_checks_16x8_npu_partitions_beside_an_int8_host_partition(tmp_path: 
     assert errors["y"] <= INT8_STEPS * step
     numerics = {rt.target: rt.numerics for rt in ex.partitions}
     assert numerics[A16.id].startswith("litert 16x8"), numerics
+
+
+def _softmax(row: int) -> onnx.ModelProto:
+    g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "sm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, row])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, row])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = MAX_IR_VERSION
+    return m
+
+
+def test_long_softmax_rows_leave_a16_for_the_host_and_short_ones_run_int16() -> None:
+    """The int16 kernel floors every entry at e^-10 of the row maximum: over 6,625 entries
+    the top probability drops by a quarter, so a 16x8 target refuses such rows; a short row
+    runs in LiteRT's int16 SOFTMAX, which does not abort on >= 512 equal entries as int8's
+    does (`SOFTMAX_ABORT_ROW`: an int8 partition gets the fp32 stand-in there)."""
+    tc = VelaToolchain()
+    for row, refused in ((A16_SOFTMAX_MAX_ROW, False), (6625, True)):
+        g = load_graph(_softmax(row))
+        why = tc.capabilities_for_target(A16).why_not(g.nodes[0], g)
+        assert (why is not None) is refused and tc.capabilities_for_target(U65).why_not(
+            g.nodes[0], g) is None
+    m = _softmax(SOFTMAX_ABORT_ROW + 88)
+    ranges = tuple((k, lo, hi) for k, (lo, hi) in sorted(calibrate(m).items()))
+    rt = tc.runtime(RuntimeInput("p0", A16.id, m.SerializeToString(), ("x",), ("y",),
+                                 options=A16.options, tensor_ranges=ranges))
+    y = rt.plain({"x": np.zeros((1, 4, SOFTMAX_ABORT_ROW + 88), np.float32)})["y"]
+    np.testing.assert_allclose(y, 1 / (SOFTMAX_ABORT_ROW + 88), atol=1 / 32768)
+    assert rt.numerics.startswith("litert 16x8") and rt.precision == "int16", rt.numerics
