@@ -204,17 +204,14 @@ def calibrate(
     return dict(_calibrated(graph, seed, n_samples, cache_dir, data)[0])
 
 
-def channel_means(
-    graph: DataflowGraph | onnx.ModelProto | bytes,
-    seed: int = 0,
-    n_samples: int = 8,
-    cache_dir: str | os.PathLike[str] | None = None,
-    data: CalibrationData | None = None,
-) -> dict[str, np.ndarray]:
+def channel_means(graph: DataflowGraph | onnx.ModelProto | bytes, *,
+                  data: CalibrationData | None = None,
+                  cache_dir: str | os.PathLike[str] | None = None) -> dict[str, np.ndarray]:
     """Per-channel means (channel axis 1 of a rank-4 tensor, else the last) of every float
     tensor a Conv / Gemm / MatMul reads first (`MEAN_OPS`), over the samples `calibrate`
-    uses: the same run and cache, so the two always describe one calibration."""
-    return dict(_calibrated(graph, seed, n_samples, cache_dir, data)[1])
+    uses (``data``, else its default random samples): the same run and cache, so the two
+    always describe one calibration."""
+    return dict(_calibrated(graph, 0, 8, cache_dir, data)[1])
 
 
 def _calibrated(graph: DataflowGraph | onnx.ModelProto | bytes, seed: int, n_samples: int,

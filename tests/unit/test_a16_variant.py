@@ -42,6 +42,15 @@ def _init(name: str, arr: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(arr, np.float32), name)
 
 
+def _onnx(nodes: list, inits: list, x: list[int], y: list[int]) -> onnx.ModelProto:
+    """Graph input ``x`` and output ``y`` (float, of these shapes), opset 13."""
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("x", x), ("y", y))]
+    m = helper.make_model(helper.make_graph(nodes, "a16", io[:1], io[1:], inits),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = MAX_IR_VERSION
+    return m
+
+
 def _model() -> onnx.ModelProto:
     """Conv -> Relu -> Conv of stride 4 with SAME padding (the U65 leaves it to the host) ->
     Relu -> 1x1 Conv -> Sigmoid; the input is offset by +2 so channel means are not zero."""
@@ -59,13 +68,7 @@ def _model() -> onnx.ModelProto:
              _init("b1", rng.standard_normal(C) * 0.1),
              _init("w2", rng.standard_normal((C, C, 1, 1)) * 0.3),
              _init("b2", rng.standard_normal(C) * 0.1)]
-    g = helper.make_graph(nodes, "a16",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, 4, 4])],
-                          inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = MAX_IR_VERSION
-    return m
+    return _onnx(nodes, inits, [1, 3, 16, 16], [1, C, 4, 4])
 
 
 def test_calibration_records_channel_means_of_weight_inputs(tmp_path: Path) -> None:
@@ -162,12 +165,8 @@ def test_run_checks_16x8_npu_partitions_beside_an_int8_host_partition(tmp_path: 
 
 
 def _softmax(row: int) -> onnx.ModelProto:
-    g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "sm",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, row])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, row])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = MAX_IR_VERSION
-    return m
+    return _onnx([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [], [1, 4, row],
+                 [1, 4, row])
 
 
 def test_long_softmax_rows_leave_a16_for_the_host_and_short_ones_run_int16() -> None:
