@@ -152,8 +152,7 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
     data, threads = inp.onnx_bytes, inp.threads
     given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
     bits = activation_bits(dict(inp.options).get("activations"))
-    scheme = "int16" if bits is ActivationBits.INT16 else "int8"
-    label = "16x8" if bits is ActivationBits.INT16 else "int8"
+    scheme, label = ("int16", "16x8") if bits is ActivationBits.INT16 else ("int8", "int8")
     state: dict[str, Any] = {}
 
     def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
