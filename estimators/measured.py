@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 TensorRanges = tuple[tuple[str, float, float], ...]
 RangesFor = Callable[[CandidatePartition], "TensorRanges | Mapping[str, tuple[float, float]]"]
+MeansFor = Callable[[CandidatePartition], tuple[tuple[str, tuple[float, ...]], ...]]
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,9 @@ class FarmEstimator(CostEstimator):
     flushes it). ``close_farm``: `close` also closes the service (the estimator then owns it,
     as `collage_farm.campaign` does). ``retry``: which failed rows are measured again instead
     of answering (`RetryPolicy` or its spelling; by default `RetryPolicy.TRANSIENT`: a timeout
-    or crash seen fewer than the store's transient-attempt limit).
+    or crash seen fewer than the store's transient-attempt limit). ``tensor_ranges_for`` /
+    ``channel_means_for``: a candidate's calibrated ranges / per-channel means for its build
+    request (`BuildInput`; `estimators.int8_ranges`).
     """
 
     label = "farm"
@@ -108,6 +111,7 @@ class FarmEstimator(CostEstimator):
         *,
         model: str = "",
         tensor_ranges_for: RangesFor | None = None,
+        channel_means_for: MeansFor | None = None,
         measure_config: MeasureConfig | None = None,
         prune: bool = True,
         strictness: Strictness | str = Strictness.EXACT,
@@ -123,6 +127,7 @@ class FarmEstimator(CostEstimator):
         self.store = store
         self.model = model
         self.tensor_ranges_for = tensor_ranges_for
+        self.channel_means_for = channel_means_for
         # candidates are timed inside their network unless told otherwise (runners.measure)
         self.config = measure_config or MeasureConfig(mode=CANDIDATE_MODE)
         self.close_farm = close_farm
@@ -281,6 +286,7 @@ class FarmEstimator(CostEstimator):
                 onnx_bytes = c.sub_graph.extract(f"{self.model or 'model'}_{fp[:12]}"
                                                  ).SerializeToString()
                 ranges = _ranges(self.tensor_ranges_for(c)) if self.tensor_ranges_for else ()
+                means = self.channel_means_for(c) if self.channel_means_for else ()
             except Exception as e:  # a bug in extraction, not a property of the candidate
                 log.warning("farm estimator: cannot extract %s: %s: %s; answered invalid, "
                             "not written", c.label(), type(e).__name__, e)
@@ -289,7 +295,7 @@ class FarmEstimator(CostEstimator):
                 self._why[fp] = f"extract_failed: {type(e).__name__}: {e}"
                 continue
             label = f"{self.model}:{c.label()}" if self.model else c.label()
-            yield MeasureRequest(BuildInput(fp, c.target, onnx_bytes, ranges, label),
+            yield MeasureRequest(BuildInput(fp, c.target, onnx_bytes, ranges, label, means),
                                  candidate_config(self.config, c))
 
     def is_confirmed(self, candidate: CandidatePartition) -> bool:

@@ -214,6 +214,9 @@ class BuildInput:
     ``onnx_bytes`` is a standalone model (from `SubGraph.extract`) whose tensor names are the
     original model's. ``tensor_ranges`` maps tensor names to calibrated (min, max) from the whole
     fp32 model, for toolchains that quantise (Ethos-U); empty for the others.
+    ``channel_means`` (tensor name, per-channel means) are the same calibration's, for a
+    target whose int16 activations correct their biases with them (a Vela target with
+    ``activations: int16``); empty for the others.
     """
 
     fingerprint: str
@@ -221,6 +224,7 @@ class BuildInput:
     onnx_bytes: bytes
     tensor_ranges: tuple[tuple[str, float, float], ...] = ()
     label: str = ""  # human-readable: model and node names, for logs and rows
+    channel_means: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
 
 #: `MeasureResult.details` key set on results the farm produced itself (not a runner): its value

@@ -9,9 +9,11 @@ Runtime CPU session over the fp32 model with every intermediate tensor exposed a
 output, run on the samples of a `collage_farm.core.calibration_data.CalibrationData` (by
 default ``n_samples`` seeded random inputs, `collage_farm.core.graph.random_inputs`, seeds
 ``seed .. seed + n_samples - 1``; or the user's own data), recording per-tensor min and max over
-all samples. Every candidate then picks its tensors' ranges by name (tensor names survive
-extraction), and so does every int8 partition a plan runs (`runners.runtime_sim`): the tensor
-between two int8 partitions gets one range, the one the costed builds used, on both sides.
+all samples, and the per-channel means of the tensors a Conv / Gemm / MatMul reads
+(`channel_means`: the 16x8 builds correct their biases with them). Every candidate then
+picks its tensors' ranges by name (tensor names survive extraction), and so does every int8
+partition a plan runs (`runners.runtime_sim`): the tensor between two int8 partitions gets one
+range, the one the costed builds used, on both sides.
 
 Caching: by a SHA-256 of the serialised model plus the samples' identity (seed and count, or
 the data's SHA-256 and count: `CalibrationData.key`), in memory (per
@@ -48,20 +50,28 @@ from collage_farm.core.calibration_data import CalibrationData, CalibrationSourc
 from collage_farm.core.graph import MAX_IR_VERSION, DataflowGraph, load_graph
 from collage_farm.core.tensors import ModelError
 
-__all__ = ["CACHE_ENV", "INT8_TOOLCHAINS", "SOFTMAX_SPAN", "calibrate", "clear_memory_cache",
-           "model_key", "ranges_for"]
+__all__ = ["CACHE_ENV", "INT8_TOOLCHAINS", "MEAN_OPS", "SOFTMAX_SPAN", "calibrate",
+           "channel_means", "clear_memory_cache", "model_key", "ranges_for"]
 
 #: toolchains whose candidates are quantised to int8 with the whole model's ranges (Ethos-U's
 #: NPU and its Cortex-M host): a campaign calibrates once when it searches one of them
 INT8_TOOLCHAINS = frozenset({"vela", "cortex-m"})
 
 CACHE_ENV = "COLLAGE_FARM_CALIBRATION_CACHE"
-_FORMAT = 2  # bump when the file layout or the method changes (2: Softmax inputs capped)
+_FORMAT = 3  # bump when the file layout or the method changes (2: Softmax inputs capped;
+#              3: per-channel means of weight inputs beside the ranges)
 #: range kept below the maximum of a tensor read only by Softmax (module docstring)
 SOFTMAX_SPAN = 20.0
 
+#: ONNX ops whose first input's per-channel means the calibration records (the weights that
+#: read them get their bias corrected for their rounding's mean shift, `runners.tflite.quant`)
+MEAN_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+
+Ranges = dict[str, tuple[float, float]]
+Means = dict[str, np.ndarray]
+
 _lock = threading.Lock()
-_memory: dict[str, dict[str, tuple[float, float]]] = {}
+_memory: dict[str, tuple[Ranges, Means]] = {}
 
 _FLOAT_TYPES = (1, 10, 11, 16)  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 
@@ -93,7 +103,25 @@ def _float_tensors(graph: DataflowGraph) -> list[str]:
     return names
 
 
-def _measure(graph: DataflowGraph, data: CalibrationData) -> dict[str, tuple[float, float]]:
+def _mean_inputs(graph: DataflowGraph, names: list[str]) -> set[str]:
+    """Float tensors that a `MEAN_OPS` node reads as its first input."""
+    ok = set(names)
+    return {n.inputs[0] for n in graph.nodes
+            if n.op_type in MEAN_OPS and n.inputs and n.inputs[0] in ok}
+
+
+def _channel_sum(arr: np.ndarray) -> np.ndarray | None:
+    """Per-channel sum and count of ``arr`` (channel axis 1 of a rank-4 tensor, else the
+    last): a [2, C] array, or None for a scalar."""
+    a = np.asarray(arr, dtype=np.float64)
+    if a.ndim == 0:
+        return None
+    a = np.moveaxis(a, 1, -1) if a.ndim == 4 else a
+    a = a.reshape(-1, a.shape[-1])
+    return np.stack([np.nan_to_num(a).sum(axis=0), np.full(a.shape[1], a.shape[0], np.float64)])
+
+
+def _measure(graph: DataflowGraph, data: CalibrationData) -> tuple[Ranges, Means]:
     import onnxruntime as ort  # heavy: only where a model is actually run
 
     names = _float_tensors(graph)
@@ -113,9 +141,13 @@ def _measure(graph: DataflowGraph, data: CalibrationData) -> dict[str, tuple[flo
                                 providers=["CPUExecutionProvider"])
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
+    sums: dict[str, np.ndarray] = {}
+    mean_of = _mean_inputs(graph, names)
 
     def record(name: str, arr: np.ndarray) -> None:
         a = np.asarray(arr, dtype=np.float64)
+        if name in mean_of and (cs := _channel_sum(a)) is not None:
+            sums[name] = sums[name] + cs if name in sums else cs
         a = a[np.isfinite(a)]
         if a.size == 0:
             return
@@ -138,8 +170,9 @@ def _measure(graph: DataflowGraph, data: CalibrationData) -> dict[str, tuple[flo
         for name, arr in zip(produced, outs):
             record(name, arr)
     capped = _softmax_inputs(graph)
-    return {t: (max(lo[t], hi[t] - SOFTMAX_SPAN) if t in capped else lo[t], hi[t])
-            for t in names if t in lo}
+    ranges = {t: (max(lo[t], hi[t] - SOFTMAX_SPAN) if t in capped else lo[t], hi[t])
+              for t in names if t in lo}
+    return ranges, {t: s[0] / np.maximum(s[1], 1.0) for t, s in sums.items()}
 
 
 def _softmax_inputs(graph: DataflowGraph) -> set[str]:
@@ -168,6 +201,23 @@ def calibrate(
     bytes are loaded with `collage_farm.core.graph.load_graph` first. File data that does not
     fit the model raises `ModelError` (one line).
     """
+    return dict(_calibrated(graph, seed, n_samples, cache_dir, data)[0])
+
+
+def channel_means(graph: DataflowGraph | onnx.ModelProto | bytes, *,
+                  data: CalibrationData | None = None,
+                  cache_dir: str | os.PathLike[str] | None = None) -> dict[str, np.ndarray]:
+    """Per-channel means (channel axis 1 of a rank-4 tensor, else the last) of every float
+    tensor a Conv / Gemm / MatMul reads first (`MEAN_OPS`), over the samples `calibrate`
+    uses (``data``, else its default random samples): the same run and cache, so the two
+    always describe one calibration."""
+    return dict(_calibrated(graph, 0, 8, cache_dir, data)[1])
+
+
+def _calibrated(graph: DataflowGraph | onnx.ModelProto | bytes, seed: int, n_samples: int,
+                cache_dir: str | os.PathLike[str] | None, data: CalibrationData | None
+                ) -> tuple[Ranges, Means]:
+    """Ranges and means of one calibration, from memory, the cache file or a run."""
     if not isinstance(graph, DataflowGraph):
         graph = load_graph(graph)
     data = data or CalibrationData.random(n_samples, seed)
@@ -175,29 +225,38 @@ def calibrate(
     with _lock:
         hit = _memory.get(key)
     if hit is not None:
-        return dict(hit)
+        return hit
     where = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or None
     path = Path(where) / f"ranges-{key[:32]}.json" if where else None
-    ranges: dict[str, tuple[float, float]] | None = None
-    if path is not None and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            if data.get("key") == key:
-                ranges = {k: (float(v[0]), float(v[1])) for k, v in data["ranges"].items()}
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            ranges = None  # a damaged cache file is re-measured and overwritten
-    if ranges is None:
-        ranges = _measure(graph, data)
+    found = _read_cache(path, key) if path is not None else None
+    if found is None:
+        found = _measure(graph, data)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"key": key, "model": graph.name,
-                                       "calibration": data.to_json(),
-                                       "ranges": {k: list(v) for k, v in ranges.items()}}))
+            tmp.write_text(json.dumps({
+                "key": key, "model": graph.name, "calibration": data.to_json(),
+                "ranges": {k: list(v) for k, v in found[0].items()},
+                "means": {k: [float(x) for x in v] for k, v in found[1].items()}}))
             os.replace(tmp, path)
     with _lock:
-        _memory[key] = ranges
-    return dict(ranges)
+        _memory[key] = found
+    return found
+
+
+def _read_cache(path: Path, key: str) -> tuple[Ranges, Means] | None:
+    """A cache file's ranges and means, or None (absent, another key, damaged: re-measured
+    and overwritten)."""
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("key") != key:
+            return None
+        return ({k: (float(v[0]), float(v[1])) for k, v in raw["ranges"].items()},
+                {k: np.asarray(v, np.float64) for k, v in raw["means"].items()})
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
 
 
 def ranges_for(graph: DataflowGraph, given: Mapping[str, tuple[float, float]]

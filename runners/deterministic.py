@@ -17,12 +17,19 @@ from typing import TYPE_CHECKING, Any
 from runners.base import BuildResult, MeasureConfig, MeasureInput, MeasureResult, Status, Toolchain
 from runners.calibration import ranges_for
 from runners.measure import summarize
-from runners.tflite import ConversionError, ConvertedModel, UnsupportedOp, convert
+from runners.tflite import ActivationBits, ConversionError, ConvertedModel, UnsupportedOp, convert
 
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph
 
-__all__ = ["ConversionFailed", "convert_for_build", "one_sample", "row_fields"]
+__all__ = ["ConversionFailed", "activation_bits", "convert_for_build", "one_sample",
+           "row_fields"]
+
+
+def activation_bits(option: object) -> ActivationBits:
+    """The activation precision a target's ``activations`` option asks for (``int8``, the
+    default, also for None; ``int16``: TFLite's 16x8)."""
+    return ActivationBits.INT16 if option == "int16" else ActivationBits.INT8
 
 
 class ConversionFailed(Exception):
@@ -36,9 +43,13 @@ class ConversionFailed(Exception):
 
 def convert_for_build(graph: DataflowGraph, mode: str,
                       tensor_ranges: tuple[tuple[str, float, float], ...], *,
-                      write: bool = True) -> tuple[ConvertedModel, str]:
+                      write: bool = True, activations: ActivationBits = ActivationBits.INT8,
+                      channel_means: tuple[tuple[str, tuple[float, ...]], ...] = ()
+                      ) -> tuple[ConvertedModel, str]:
     """``graph`` as TFLite in ``mode`` and a note on the ranges used (int8 only);
-    ``write=False``: without the flatbuffer bytes (`runners.tflite.convert`).
+    ``write=False``: without the flatbuffer bytes; ``activations`` and ``channel_means``
+    (int8 mode): the activation precision and the means its biases are corrected with
+    (`runners.tflite.convert`).
 
     Raises `ConversionFailed` (unsupported or build failed, with the converter's words)."""
     filled = 0
@@ -47,7 +58,8 @@ def convert_for_build(graph: DataflowGraph, mode: str,
         if mode == "int8":
             given = {k: (float(lo), float(hi)) for k, lo, hi in tensor_ranges}
             ranges, filled = ranges_for(graph, given)
-        conv = convert(graph, mode, ranges, write=write)
+        conv = convert(graph, mode, ranges, write=write, activations=activations,
+                       channel_means=dict(channel_means))
     except UnsupportedOp as e:
         raise ConversionFailed(Status.UNSUPPORTED, str(e)) from None
     except ConversionError as e:
@@ -57,6 +69,8 @@ def convert_for_build(graph: DataflowGraph, mode: str,
                                                     f"{type(e).__name__}: {e}") from None
     note = ("none (float32)" if mode != "int8" else "whole model" if not filled
             else f"whole model; {filled} tensor(s) calibrated on the sub-model")
+    if mode == "int8" and activations is ActivationBits.INT16:
+        note += f"; 16x8, {len(channel_means)} channel mean(s)"
     return conv, note
 
 

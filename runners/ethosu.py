@@ -27,7 +27,10 @@ Build (inside the runner's worker process: Vela segfaults on malformed TFLite):
    (``Performance`` by default) and ``arena_cache_size`` its ``--arena-cache-size`` (bytes;
    by default the memory mode's). Each is a target option, so a variant target (the built-in
    boards' ``-size`` NPU targets: ``optimise: Size``) has its own measure key and the search
-   picks per partition.
+   picks per partition. ``activations: int16`` (the catalogue's ``-a16`` targets) converts to
+   TFLite's 16x8 instead (int16 activations, int8 weights, int64 bias), each bias corrected
+   for its rounded weights' mean shift with the calibration's per-channel means
+   (`BuildInput.channel_means`, `runners.calibration.channel_means`).
 
 Cost: ``seconds = Vela total cycles / core clock of the system config`` for the NPU part, plus the
 host's cycle model for the operators Vela leaves on the CPU. Per-operator cycles are kept in
@@ -86,11 +89,17 @@ from runners.base import (
     Status,
     Toolchain,
 )
-from runners.deterministic import ConversionFailed, convert_for_build, one_sample, row_fields
+from runners.deterministic import (
+    ConversionFailed,
+    activation_bits,
+    convert_for_build,
+    one_sample,
+    row_fields,
+)
 from runners.host_model import HOST_MODEL_REVISION
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
-from runners.tflite import convertible
+from runners.tflite import ActivationBits, convertible
 from runners.tflite.attrs import _attr, _ints
 from runners.tflite.fold import _folded, _init_array
 from runners.tflite.layout import _layout_noop
@@ -177,6 +186,13 @@ MAX_SOFTMAX_HW = 65536  # "product of IFM width and height must be less than 655
 MAX_MEAN_AXIS = 4096  # "Reduced axis must be less than 4096"; 4096 itself compiles
 MAX_MEAN_ELEMENTS = 16777216  # "Amount of reduced elements cannot exceed: 16777216(Int8)"
 MAX_TRANSPOSE_DIM = 65536  # "(H, W, C) <= (2^16, 2^16, 2^16)" for NCHW-type permutations
+#: longest Softmax row a 16x8 target (``activations: int16``) takes. TFLite's int16 SOFTMAX
+#: reads exp from a table over [-10, 0], so every entry further below its row's maximum counts
+#: e^-10 of the maximum's weight instead of ~0: a row of N entries inflates its sum by up to
+#: N e^-10, and 86 entries keep a probability near 1 within one int8 step (1/256). Measured
+#: in LiteRT's reference kernels on PP-OCRv4 rec's CTC head (rows of 6,625 classes): a top
+#: probability of 0.881 came out 0.653, 60 int8 steps of the output's range
+A16_SOFTMAX_MAX_ROW = 86
 
 #: the int8 converter's tag in the toolchain version (cost-table rows of another are not reused);
 #: bumped when the int8 TFLite written for a sub-graph changes (2: BatchNormalization / Mul / Add
@@ -349,6 +365,18 @@ _VELA_CHECKS = {
 }
 
 
+def wide_softmax_why(node: Node, graph: DataflowGraph) -> str | None:
+    """Why a 16x8 target leaves this Softmax to the host (rows longer than
+    `A16_SOFTMAX_MAX_ROW`), or None."""
+    shape = _shape(graph, node.inputs[0])
+    axis = int(_attr(node, "axis", -1))  # type: ignore[arg-type]
+    row = shape[axis] if shape and -len(shape) <= axis < len(shape) else 0
+    if row > A16_SOFTMAX_MAX_ROW:
+        return (f"16x8 softmax over rows of {row} entries: the int16 kernel counts every entry "
+                f"at least e^-10 of the row maximum (rows of at most {A16_SOFTMAX_MAX_ROW})")
+    return None
+
+
 def vela_why_not(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:
     """None when the TFLite operators this node becomes satisfy Vela's constraints for the
     accelerator ``family`` (``"u55"``, ``"u65"``: the same rules; ``"u85"``: without the
@@ -381,12 +409,16 @@ class VelaCapabilities(Capabilities):
     4, a convolution or pool of stride 4 with SAME padding: Vela splits them into several NPU
     operations) and no shape limit on TRANSPOSE, where the U55 / U65 leave those on the CPU
     ("Unsupported kernel stride"); a unit test compiles each both ways.
+
+    ``wide``: the target compiles 16x8 (``activations: int16``), and a Softmax with rows
+    longer than `A16_SOFTMAX_MAX_ROW` stays on the host (`wide_softmax_why`).
     """
 
     style = "graph"
 
-    def __init__(self, family: str = "u55") -> None:
+    def __init__(self, family: str = "u55", wide: bool = False) -> None:
         self.family = family
+        self.wide = wide
 
     def why_not(self, node: Node, graph: DataflowGraph) -> str | None:
         why = convertible(node, graph)
@@ -394,6 +426,10 @@ class VelaCapabilities(Capabilities):
             return why
         if _folded(node, graph):  # a conversion-time constant: emits no operator at all
             return None
+        if self.wide and node.op_type == "Softmax":
+            why = wide_softmax_why(node, graph)
+            if why is not None:
+                return why
         return vela_why_not(node, graph, self.family)
 
 
@@ -435,7 +471,8 @@ class VelaToolchain(Toolchain):
 
     def capabilities_for_target(self, target: Target) -> Capabilities:
         accel = str(target.option("accelerator_config", target.name) or target.name)
-        return VelaCapabilities(accelerator_family(accel))
+        wide = activation_bits(target.option("activations")) is ActivationBits.INT16
+        return VelaCapabilities(accelerator_family(accel), wide)
 
     def available(self) -> str | None:
         try:
@@ -498,7 +535,9 @@ class VelaToolchain(Toolchain):
         except Exception as e:
             return failed(Status.BUILD_FAILED, f"Vela configuration: {type(e).__name__}: {e}")
         try:
-            conv, note = convert_for_build(graph, "int8", inp.tensor_ranges)
+            conv, note = convert_for_build(graph, "int8", inp.tensor_ranges,
+                                           activations=activation_bits(inp.target.option("activations")),
+                                           channel_means=inp.channel_means)
         except ConversionFailed as e:
             return failed(e.status, e.error)
         try:

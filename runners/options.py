@@ -96,6 +96,10 @@ TOOLCHAIN_OPTIONS: dict[str, dict[str, OptionSpec]] = {
             choices=vela_memory_modes, default=lambda o: VELA_DEFAULTS[vela_family(o)][1]),
         "optimise": OptionSpec("str", "Vela --optimise", choices=("Performance", "Size"),
                                default="Performance"),
+        "activations": OptionSpec(
+            "str", "activation precision of the TFLite Vela compiles: int8, or int16 with int8 "
+            "weights (TFLite's 16x8, biases corrected with the calibration's channel means)",
+            choices=("int8", "int16"), default="int8"),
         "arena_cache_size": OptionSpec(
             "int", "Vela --arena-cache-size in bytes (default: the memory mode's; the hard "
             "SRAM cache limit in Dedicated_Sram modes)", minimum=1),

@@ -46,7 +46,7 @@ class RuntimeInput:
     simulated partition reports as its latency. ``tensor_ranges`` (name, min, max) are the
     whole model's calibrated ranges (`runners.calibration`), for toolchains that build int8
     (as `BuildInput.tensor_ranges`: a plan's int8 partitions are built as they were costed);
-    empty for the others.
+    empty for the others. ``channel_means``: as `BuildInput.channel_means`.
     """
 
     id: str
@@ -58,6 +58,7 @@ class RuntimeInput:
     options: tuple[tuple[str, Any], ...] = ()
     threads: int = 1
     tensor_ranges: tuple[tuple[str, float, float], ...] = ()
+    channel_means: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def target_on(self, toolchain: str, device: VirtualDevice = CPU0) -> Target:
         """The partition's target on ``device``, with its options."""

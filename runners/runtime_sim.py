@@ -21,7 +21,16 @@ with LiteRT's reference kernels: rows of 255-511 equal entries ran, 512-4100 abo
 happens when a row's logits all fall below the calibrated range and clamp to one value (a CTC
 head over 6,625 characters did). A partition with a Softmax whose rows have >= 512 entries
 (`SOFTMAX_ABORT_ROW`) therefore gets the fp32 stand-in, and ``numerics`` says why: `run`
-must never lose its process to one partition's numerics.
+must never lose its process to one partition's numerics. The int16 reference SOFTMAX (16x8)
+does not abort (measured: rows of 6,625 equal entries, and random ones, run and agree with
+fp32 to 1e-6 and 6e-4), so a 16x8 partition runs its Softmax.
+
+16x8: a partition whose target says ``activations: int16`` (a Vela ``-a16`` target) is
+converted to TFLite's 16x8 scheme with the bias correction its costed build had
+(`RuntimeInput.channel_means`), and its ``precision`` is ``int16``. Partitions exchange float
+tensors here: each quantises its inputs on its own scheme and dequantises its outputs, which
+is the requantisation (int8 <-> int16, or a float host partition's DEQUANTIZE / QUANTIZE) a
+board does where a 16x8 partition meets another.
 
 Ranges: the int8 model is quantised with the ranges the costed build used, the whole model's
 (`RuntimeInput.tensor_ranges`, from `runners.calibration`), so the tensor between two chained
@@ -40,9 +49,10 @@ import numpy as np
 import onnx
 
 from runners.base import Kind
+from runners.deterministic import activation_bits
 from runners.ort import OrtCpuToolchain, ort_session
 from runners.runtime import PartitionRuntime, RuntimeInput
-from runners.tflite import convert
+from runners.tflite import ActivationBits, convert
 
 __all__ = [
     "SOFTMAX_ABORT_ROW",
@@ -141,20 +151,23 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
         return fp32
     data, threads = inp.onnx_bytes, inp.threads
     given = {k: (float(lo), float(hi)) for k, lo, hi in inp.tensor_ranges}
+    bits = activation_bits(dict(inp.options).get("activations"))
+    scheme, label = ("int16", "16x8") if bits is ActivationBits.INT16 else ("int8", "int8")
     state: dict[str, Any] = {}
 
     def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "model" not in state:  # ranges (the whole model's) at the first feeds, convert once
-            risk = softmax_abort_risk(data)
+            risk = softmax_abort_risk(data) if bits is ActivationBits.INT8 else None
             if risk:
                 raise Int8KernelRisk(risk)
             ranges, note = partition_ranges(data, given, feeds)
-            conv = convert(data, "int8", ranges)
+            conv = convert(data, "int8", ranges, activations=bits,
+                           channel_means=dict(inp.channel_means))
             interp = Interpreter(model_content=conv.tflite, num_threads=max(1, threads),
                                  experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
             interp.allocate_tensors()
             state["model"], state["interp"] = conv, interp
-            rt.numerics = f"litert int8 (runners.tflite; {note})"
+            rt.numerics = f"litert {label} (runners.tflite; {note})"
         conv, interp = state["model"], state["interp"]
         for s in conv.inputs:
             interp.set_tensor(s.index, s.to_tflite(feeds[s.name]))
@@ -182,6 +195,6 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
 
         return step
 
-    rt = PartitionRuntime.of(inp, toolchain, Kind.SIMULATED, "litert int8 (runners.tflite)",
-                             safe_plain, bind, precision="int8")
+    rt = PartitionRuntime.of(inp, toolchain, Kind.SIMULATED, f"litert {label} (runners.tflite)",
+                             safe_plain, bind, precision=scheme)
     return rt

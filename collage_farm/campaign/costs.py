@@ -22,7 +22,7 @@ from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.profiles import collect_profiles, table_has_profiles
 from collage_farm.probes.transitions import measured_transition_model
 from estimators.base import CostEstimator
-from estimators.int8_ranges import tensor_ranges_provider
+from estimators.int8_ranges import channel_means_provider, tensor_ranges_provider
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 from estimators.mock import MockEstimator
@@ -104,6 +104,7 @@ def make_estimator(opts: TuneOptions, graph: DataflowGraph
             model=graph.name,
             measure_config=MeasureConfig(mode=opts.measure_mode or CANDIDATE_MODE),
             tensor_ranges_for=tensor_ranges_provider(graph, opts.targets, opts.calibration),
+            channel_means_for=channel_means_provider(graph, opts.targets, opts.calibration),
             prune=opts.prune,
             strictness=Strictness.parse(opts.strictness),
             retry=RetryPolicy.ALL if opts.retry_failed else RetryPolicy.TRANSIENT,

@@ -36,7 +36,7 @@ from collage_farm.core.target import EMBEDDED_TOOLCHAINS, Target
 from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel
 from collage_farm.costtable import TableStore
 from collage_farm.postsearch.vela_whole import FIGURES, Board, split_info, vela_whole
-from estimators.int8_ranges import tensor_ranges_provider
+from estimators.int8_ranges import channel_means_provider, tensor_ranges_provider
 from estimators.local import LocalService
 from estimators.measured import FarmEstimator
 
@@ -58,6 +58,8 @@ def _local_estimator(graph: DataflowGraph, targets: Sequence[Target],
                             TableStore(Path(tmp) / "costs", campaign_id="compare"),
                             model=graph.name, prune=False,
                             tensor_ranges_for=tensor_ranges_provider(graph, targets,
+                                                                     calibration),
+                            channel_means_for=channel_means_provider(graph, targets,
                                                                      calibration))
         try:
             yield est

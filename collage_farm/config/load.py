@@ -32,7 +32,7 @@ from collage_farm.config.systems import (
     read_system,
 )
 from collage_farm.core.pins import Pin
-from collage_farm.core.target import ConfigError, Target
+from collage_farm.core.target import ConfigError, Target, variant_base
 from collage_farm.core.transition import DEFAULT_LINKS, ConfiguredTransitionModel, Link
 
 __all__ = ["builtin_system_for", "load_config"]
@@ -93,12 +93,19 @@ def load_config(system: str | Path | None = None, app: str | Path | None = None,
 
 def builtin_system_for(targets: Sequence[Target]) -> FarmConfig | None:
     """The first built-in system (by name) that declares every one of ``targets`` as it is
-    (same toolchain, device and options), or None: the board that ``--targets`` names without
-    a system file, whose transition model then applies."""
+    (same toolchain, device and options), or a catalogue variant of it (the same less its
+    `VARIANT_OPTIONS`, e.g. ``ethos-u65-256-a16``), or None: the board that ``--targets``
+    names without a system file, whose transition model then applies."""
+    def base(t: Target) -> tuple:
+        b = variant_base(t)
+        return (b.toolchain, b.device, b.options, b.calibration)
+
     for name in builtin_systems():
         cfg = load_config(builtin_system=name)
         declared = set(cfg.targets.values())
-        if all(t in declared for t in targets):
+        bases = {base(t) for t in declared}
+        if all(t in declared or (variant_base(t) is not t and base(t) in bases)
+               for t in targets):
             return cfg
     return None
 

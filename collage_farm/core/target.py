@@ -19,7 +19,8 @@ Two identities matter:
 The built-in catalogue below gives the target names the whole project uses (``ort-cpu``,
 ``openvino-cpu``, ``ort-cuda``, ``ort-tensorrt``, ``litert-cpu``, ``ethos-u55-32|64|128|256``,
 ``ethos-u65-256|512``, ``ethos-u85-128|256|512|1024|2048``, each with its ``-size`` variant
-(Vela ``--optimise Size``, e.g. ``ethos-u55-128-size``), and the Cortex-M hosts of Ethos-U
+(Vela ``--optimise Size``, e.g. ``ethos-u55-128-size``) and its ``-a16`` variant (16x8:
+int16 activations, int8 weights, e.g. ``ethos-u65-256-a16``), and the Cortex-M hosts of Ethos-U
 boards ``cortex-m55`` / ``cortex-m85``, on ``cpu:0/mcu``); `collage_farm.config` builds richer
 target sets from YAML.
 
@@ -142,6 +143,13 @@ ETHOS_U_CONFIGS = (
 #: suffix of the catalogue's Vela ``--optimise Size`` variant of each accelerator: a target of
 #: its own (its own measure key), so the search picks Performance or Size per partition
 SIZE_VARIANT = "-size"
+#: suffix of the catalogue's 16x8 variant of each accelerator (option ``activations: int16``:
+#: int16 activations, int8 weights, biases corrected with the calibration's channel means),
+#: a target of its own, e.g. ``ethos-u65-256-a16``
+A16_VARIANT = "-a16"
+#: target options that make a catalogue variant of a board's target: the board declares the
+#: target without them (`variant_base`)
+VARIANT_OPTIONS = frozenset({"activations"})
 
 
 def _builtin() -> dict[str, Target]:
@@ -156,6 +164,8 @@ def _builtin() -> dict[str, Target]:
         targets.append(Target.make(accel, "vela", NPU0, {"accelerator_config": accel}))
         targets.append(Target.make(f"{accel}{SIZE_VARIANT}", "vela", NPU0,
                                    {"accelerator_config": accel, "optimise": "Size"}))
+        targets.append(Target.make(f"{accel}{A16_VARIANT}", "vela", NPU0,
+                                   {"accelerator_config": accel, "activations": "int16"}))
     for core in CORTEX_M_CORES:
         targets.append(Target.make(core, "cortex-m", MCU0, {"core": core}))
     return {t.name: t for t in targets}
@@ -186,6 +196,15 @@ class ConfigError(ValueError):
         if self.allowed is not None:
             text += f" (allowed: {', '.join(map(str, self.allowed)) or 'none'})"
         super().__init__(text)
+
+
+def variant_base(target: Target) -> Target:
+    """``target`` without its `VARIANT_OPTIONS` (the board's own target, for a catalogue
+    variant such as ``ethos-u65-256-a16``), or ``target`` itself when it has none."""
+    opts = tuple((k, v) for k, v in target.options if k not in VARIANT_OPTIONS)
+    if opts == target.options:
+        return target
+    return Target(target.name, target.toolchain, target.device, opts, target.calibration)
 
 
 def board_conflict(targets: Iterable[Target]) -> str | None:

@@ -19,7 +19,7 @@ from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
 from collage_farm.execute.executor import PlanExecutor, make_runtime
 from collage_farm.execute.numerics import compare_outputs, reference_outputs
-from runners.calibration import INT8_TOOLCHAINS, calibrate
+from runners.calibration import INT8_TOOLCHAINS, calibrate, channel_means
 from runners.runtime import PartitionRuntime
 
 __all__ = ["Part", "PlanBuilder"]
@@ -75,6 +75,8 @@ class PlanBuilder:
                               sg.input_tensors, sg.output_tensors, estimated_s,
                               dict(part.target.options), self.threads,
                               tensor_ranges=calibrate(self.graph, data=self.calibration)
+                              if int8 else None,
+                              channel_means=channel_means(self.graph, data=self.calibration)
                               if int8 else None)
             # bindings are independent: ORT and OpenVINO bind per executor, LiteRT's generic
             # runtime sets its inputs on every run (a conversion is seconds on a transformer)

@@ -65,7 +65,7 @@ from collage_farm.execute.numerics import (
     tolerance_label,
 )
 from runners.base import Kind, MeasureConfig, RuntimeUnavailable, Summary
-from runners.calibration import INT8_TOOLCHAINS, calibrate
+from runners.calibration import INT8_TOOLCHAINS, calibrate, channel_means
 from runners.measure import time_callable
 from runners.registry import get_toolchain
 from runners.runtime import PartitionRuntime, RuntimeInput
@@ -79,18 +79,23 @@ CALIBRATION_KEY = "int8_calibration"
 def make_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs: Sequence[str],
                  outputs: Sequence[str], est: float, options: Mapping[str, Any] | None = None,
                  threads: int = 1, *,
-                 tensor_ranges: Mapping[str, tuple[float, float]] | None = None
+                 tensor_ranges: Mapping[str, tuple[float, float]] | None = None,
+                 channel_means: Mapping[str, np.ndarray] | None = None
                  ) -> PartitionRuntime:
     """Partition ``pid`` (ONNX bytes ``data``) as ``toolchain``'s runtime; its target's
     ``threads`` option wins over ``threads``; ``tensor_ranges`` are the whole model's
-    calibrated ranges, for a toolchain that builds int8 (`INT8_TOOLCHAINS`). Raises
-    `PlanError` when it cannot run here."""
+    calibrated ranges, for a toolchain that builds int8 (`INT8_TOOLCHAINS`), and
+    ``channel_means`` the same calibration's per-channel means, for a 16x8 target
+    (``activations: int16``). Raises `PlanError` when it cannot run here."""
     opts = dict(options or {})
     threads = int(opts.get("threads", threads) or threads)
+    int8 = toolchain in INT8_TOOLCHAINS
     ranges = (tuple((k, float(lo), float(hi)) for k, (lo, hi) in sorted(tensor_ranges.items()))
-              if tensor_ranges and toolchain in INT8_TOOLCHAINS else ())
+              if tensor_ranges and int8 else ())
+    means = (tuple((k, tuple(float(x) for x in v)) for k, v in sorted(channel_means.items()))
+             if channel_means and int8 and opts.get("activations") == "int16" else ())
     inp = RuntimeInput(pid, target, data, tuple(inputs), tuple(outputs), est,
-                       tuple(sorted(opts.items())), threads, ranges)
+                       tuple(sorted(opts.items())), threads, ranges, means)
     try:
         return get_toolchain(toolchain).runtime(inp)
     except RuntimeUnavailable as e:
@@ -172,12 +177,15 @@ class PlanExecutor:
         self.calibration: CalibrationData | None = None
         #: the whole model's ranges those partitions are quantised with (empty: none)
         self.tensor_ranges: dict[str, tuple[float, float]] = {}
+        #: the same calibration's per-channel means, for 16x8 partitions (empty: none)
+        self.channel_means: dict[str, np.ndarray] = {}
         #: graph outputs carrying a pinned int8 scale (`pinned_outputs`; int8 plans only)
         self._pins: dict[str, tuple[tuple[str, ...], float]] = {}
         if specs_error is None and any(tc in INT8_TOOLCHAINS for tc in toolchains.values()):
             self.calibration = calibration or CalibrationData.from_json(
                 self.plan.extra.get(CALIBRATION_KEY))
             self.tensor_ranges = self.whole_model_ranges(self.calibration)
+            self.channel_means = self._wide_means(toolchains)
             self._pins = pinned_outputs(self.reference(), self.plan.graph_outputs)
         for p in self.plan.partitions:
             self.partitions.append(self._runtime(p, toolchains[p.id], datas[p.id]))
@@ -207,7 +215,8 @@ class PlanExecutor:
         try:
             return make_runtime(p.id, p.target, tc, data, p.inputs, p.outputs, p.estimated_s,
                                 _target_options(self.plan, p.target), self.threads,
-                                tensor_ranges=self.tensor_ranges)
+                                tensor_ranges=self.tensor_ranges,
+                                channel_means=self.channel_means)
         except PlanError:
             raise
         except Exception as e:  # a corrupt or swapped file: the toolchain's own words
@@ -223,6 +232,18 @@ class PlanExecutor:
         tensor names and ranges are those the campaign's int8 builds were costed with."""
         return calibrate(load_graph(self.reference(), self._bound_shapes() or None),
                          data=calibration)
+
+    def _wide_means(self, toolchains: Mapping[str, str]) -> dict[str, np.ndarray]:
+        """The whole model's per-channel means on the plan's calibration
+        (`runners.calibration.channel_means`) when a partition is 16x8 (its target says
+        ``activations: int16``), else none."""
+        if not any(toolchains[p.id] in INT8_TOOLCHAINS
+                   and _target_options(self.plan, p.target).get("activations") == "int16"
+                   for p in self.plan.partitions):
+            return {}
+        assert self.calibration is not None
+        return channel_means(load_graph(self.reference(), self._bound_shapes() or None),
+                             data=self.calibration)
 
     def _bound_shapes(self) -> dict[str, Any]:
         return {**(self.plan.extra.get("shapes") or {}), **self.shapes}
@@ -250,6 +271,7 @@ class PlanExecutor:
         self._quantized = quantized(self.model_arg)
         self.calibration = None
         self.tensor_ranges = {}
+        self.channel_means = {}
         self._pins = {}
         self._buffers = None
         self._shapes_bound = {}
@@ -367,7 +389,8 @@ class PlanExecutor:
         computes with a pinned scale (Sigmoid, Softmax, Tanh: `runners.tflite.PINNED_SCALES`),
         directly or through an Identity / Reshape after it (`pinned_outputs`), has at least
         that step;
-        one whose pinned operator ran in an fp32 partition has its range's step. The pinned
+        one whose pinned operator ran in an fp32 or a 16x8 partition (whose pinned scales are
+        finer than any range step) has its range's step. The pinned
         operator's partition is the one writing the first tensor of its chain that a partition
         writes (the tensors before it are internal to that partition)."""
         if not self.tensor_ranges or self._quantized:

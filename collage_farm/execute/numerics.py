@@ -35,6 +35,10 @@ since a check must fail on wiring errors, not on a toolchain doing what it was a
   a wrong wiring, a swapped or stale partition or a miscalibrated tensor (GPT-2's attention
   mask quantised over [-10000, 4]: 47-52 steps; a partition calibrated on one sample and fed
   another: 14-16) lands beyond it, the last by a thin margin;
+- int16 (a 16x8 Ethos-U partition: ``activations: int16``, int16 activations and int8
+  weights) with known output ranges: the int8 rule, ``INT8_STEPS`` int8 steps of the range;
+  its pinned scales (1/32768) are finer than any range step, so outputs are held to their
+  range's step (`int8_step` with no pin);
 - int8 otherwise (any model that quantizes itself: `quantized`; no ranges known): rtol=0.1,
   atol=0.1 x max|ref|.
 """
@@ -84,8 +88,11 @@ PRECISIONS: dict[str, tuple[float, float, bool]] = {
     "tf32": (1e-2, 1e-2, True),
     "fp16": (2e-2, 2e-2, True),
     "bf16": (5e-2, 5e-2, True),  # OpenVINO's bf16 hint: an 8-bit mantissa
+    "int16": (QUANT_RTOL, QUANT_ATOL_FRAC, True),  # 16x8: int16 activations, int8 weights
     "int8": (QUANT_RTOL, QUANT_ATOL_FRAC, True),
 }
+#: precisions whose outputs with a known range are held to `INT8_STEPS` int8 steps of it
+STEPPED = frozenset({"int8", "int16"})
 
 
 #: int8 outputs with a calibrated range: tolerance in int8 steps of that range (docstring)
@@ -149,8 +156,8 @@ def quantized(model: onnx.ModelProto) -> bool:
 def tolerance_label(precision: str, steps: Mapping[str, float] | None = None) -> str:
     """``precision``'s tolerance in words; with ``steps`` (int8 outputs' quantisation steps)
     the int8 tolerance in steps."""
-    if precision == "int8" and steps:
-        return (f"int8 ({INT8_STEPS:g} int8 steps of each output's calibrated range, or of "
+    if precision in STEPPED and steps:
+        return (f"{precision} ({INT8_STEPS:g} int8 steps of each output's calibrated range, or of "
                 "its pinned int8 scale where coarser: "
                 + ", ".join(f"{k} atol={INT8_STEPS * v:.3g}" for k, v in steps.items()) + ")")
     rtol, atol, rel = PRECISIONS.get(precision, PRECISIONS["fp16"])
@@ -252,9 +259,9 @@ def compare_outputs(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]
         rtol = rtol0
         atol = atol0 * float(np.max(np.abs(r64)) or 1.0) if relative else atol0
         label = f"{precision} tolerance rtol={rtol:g}, atol={atol:.3g}"
-        if precision == "int8" and steps and name in steps:
+        if precision in STEPPED and steps and name in steps:
             rtol, atol = 0.0, INT8_STEPS * steps[name]
-            label = (f"int8 tolerance {INT8_STEPS:g} steps of the output's int8 step: "
+            label = (f"{precision} tolerance {INT8_STEPS:g} steps of the output's int8 step: "
                      f"atol={atol:.3g}, max abs error = {max_abs / steps[name]:.1f} steps")
         nan_differs = bool(np.isnan(g64).any() != np.isnan(r64).any())
         if nan_differs or not np.all(diff <= atol + rtol * np.abs(r64)):
