@@ -14,7 +14,7 @@ partition scaled by its target's whole model measured in the same rounds over th
 whole-model time the profiles are scaled to, as the campaign's
 ``dijkstra_calibrated_additive_error``), so the machine's drift since the campaign is out.
 
-    PYTHONPATH=. RAY_AUTH_MODE=disabled flock /work/notes/timing.lock \\
+    PYTHONPATH=. RAY_AUTH_MODE=disabled \\
         python3 -m bench.cut_charge_check --models pkg:ppocr-rec --num-cpus 2
 """
 

@@ -15,7 +15,7 @@ and targets ``ort-cpu,openvino-cpu,litert-cpu``, one thread a session:
 
 Every figure measured; what it says about the charge goes in bench/results/cut-size-vm.md.
 
-    PYTHONPATH=. flock /work/notes/timing.lock python3 -m bench.cut_fit --model pkg:ppocr-rec
+    PYTHONPATH=. python3 -m bench.cut_fit --model pkg:ppocr-rec
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ One run, in this order, in one process (1 thread everywhere):
 
 Prints each figure (measured), and the ratios to the candidate cost (1.0 = consistent).
 
-    flock /work/notes/timing.lock python3 bench/litert_inproc.py [--targets ort-cpu,litert-cpu]
+    python3 bench/litert_inproc.py [--targets ort-cpu,litert-cpu]
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ seconds old instead of a campaign's minute).
 Per plan: the chain's end-to-end median against the sum of in-chain calls (the loop between
 partitions) and the additive error raw and drift-corrected, as the campaign reports them.
 
-    PYTHONPATH=. RAY_AUTH_MODE=disabled flock /work/notes/timing.lock \\
+    PYTHONPATH=. RAY_AUTH_MODE=disabled \\
         python3 -m bench.plan_error --num-cpus 2 --models resnet18-64 --campaigns 2
 """
 

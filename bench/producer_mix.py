@@ -13,7 +13,7 @@ ms). The producer's call in ``plan`` against the same call in ``same:A`` is what
 on the producer's side of the cut; the cut-cost probe (`collage_farm.probes.cutcost`) charges a
 transition to the consumer's side only.
 
-    PYTHONPATH=. flock /work/notes/timing.lock python3 -m bench.producer_mix DIR/resnet18-64-0
+    PYTHONPATH=. python3 -m bench.producer_mix DIR/resnet18-64-0
 """
 
 from __future__ import annotations

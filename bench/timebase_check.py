@@ -8,7 +8,7 @@ timed in chain (9 rotated rounds of 20 runs, medians), back to back. Printed: bo
 times per target (measured ms) and the probe's same-toolchain cut cost per cut (measured us),
 so the spread of each over the repeats shows the machine's noise.
 
-    PYTHONPATH=. flock /work/notes/timing.lock python3 -m bench.timebase_check --model resnet18-64
+    PYTHONPATH=. python3 -m bench.timebase_check --model resnet18-64
 """
 
 from __future__ import annotations
