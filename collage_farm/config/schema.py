@@ -16,7 +16,15 @@ from typing import Any
 
 from collage_farm.core.pins import Pin, PinSet
 from collage_farm.core.rules import RuleOptions
-from collage_farm.core.target import ConfigError, Target, UnknownTargetError, VirtualDevice
+from collage_farm.core.target import (
+    BUILTIN_TARGETS,
+    VARIANT_OPTIONS,
+    ConfigError,
+    Target,
+    UnknownTargetError,
+    VirtualDevice,
+    variant_base,
+)
 from collage_farm.core.transition import (
     MeasuredTransitionModel,
     TransitionModel,
@@ -161,7 +169,7 @@ class FarmConfig:
         for n in names:
             if not n:
                 continue
-            t = self.targets.get(n)
+            t = self.targets.get(n) or self.variant_of(n)
             if t is None:
                 raise ConfigTargetError(
                     f"unknown target {n!r} in system {self.system_name!r}",
@@ -171,6 +179,22 @@ class FarmConfig:
         if not out:
             raise ConfigTargetError("no targets given", key="--targets", allowed=list(self.targets))
         return out
+
+    def variant_of(self, name: str) -> Target | None:
+        """The catalogue variant ``name`` (one that adds `VARIANT_OPTIONS` to a catalogue
+        target, e.g. ``ethos-u65-256-a16``) of this system's own target of that catalogue
+        target (same toolchain, every catalogue option equal): the system's target on its
+        device, its options plus the variant's, or None when ``name`` is no such variant."""
+        cat = BUILTIN_TARGETS.get(name)
+        if cat is None or variant_base(cat) is cat:
+            return None
+        base = dict(variant_base(cat).options)
+        extra = {k: v for k, v in cat.options if k in VARIANT_OPTIONS}
+        for t in self.targets.values():
+            opts = dict(t.options)
+            if t.toolchain == cat.toolchain and all(opts.get(k) == v for k, v in base.items()):
+                return Target.make(name, t.toolchain, t.device, {**opts, **extra})
+        return None
 
     def with_board_host(self, targets: list[Target]) -> list[Target]:
         """``targets`` plus the host device's targets when they name an NPU (Vela) and nothing

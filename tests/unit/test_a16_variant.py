@@ -17,9 +17,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from collage_farm.campaign import TuneOptions, run_tune
-from collage_farm.config import builtin_system_for
+from collage_farm.config import builtin_system_for, load_config
 from collage_farm.core.graph import MAX_IR_VERSION, load_graph, random_inputs
-from collage_farm.core.target import A16_VARIANT, BUILTIN_TARGETS, ETHOS_U_CONFIGS
+from collage_farm.core.target import A16_VARIANT, BUILTIN_TARGETS, ETHOS_U_CONFIGS, ConfigError
 from collage_farm.costtable import CostTable
 from collage_farm.execute import PlanExecutor
 from collage_farm.execute.numerics import INT8_STEPS, int8_step, reference_outputs
@@ -103,6 +103,19 @@ def test_every_npu_has_an_a16_variant_on_its_board() -> None:
     assert board is not None and board.system_name == "ethos-u65-256"
     assert board.with_board_host([A16]) == [A16, BUILTIN_TARGETS["cortex-m55"]]
     assert builtin_system_for([A16, BUILTIN_TARGETS["cortex-m85"]]) is None
+
+
+def test_a_builtin_system_takes_the_a16_variant_of_its_own_npu() -> None:
+    """``--builtin-system ethos-u65-256 --targets ethos-u65-256-a16``: the system's NPU with
+    the variant's option (the catalogue's measure key), plus the board's host; another
+    board's variant is still an unknown target there."""
+    cfg = load_config(builtin_system="ethos-u65-256")
+    got = cfg.with_board_host(cfg.resolve_targets("ethos-u65-256-a16"))
+    assert [t.id for t in got] == ["ethos-u65-256-a16", "cortex-m55"]
+    assert got[0].measure_key == A16.measure_key and got[0].option("activations") == "int16"
+    with pytest.raises(ConfigError, match="unknown target 'ethos-u55-128-a16'"):
+        cfg.resolve_targets("ethos-u55-128-a16")
+    assert cfg.variant_of("ethos-u65-256-size") is None  # not a VARIANT_OPTIONS variant
 
 
 def test_a16_build_is_16x8_and_its_biases_use_the_channel_means() -> None:
