@@ -85,7 +85,7 @@ def _runs(graph: DataflowGraph, on_npu: Sequence[bool], board: Board) -> tuple[P
     parts: list[Part] = []
     mask, run = 0, None
     for node, npu in zip(graph.nodes, on_npu):
-        if npu is not run and mask:
+        if npu != run and mask:
             parts.append(Part(mask, board.npu if run else board.host))
             mask = 0
         run = npu

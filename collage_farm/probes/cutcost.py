@@ -67,7 +67,7 @@ from runners.registry import get_toolchain
 log = logging.getLogger(__name__)
 
 __all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
-           "cut_fingerprint", "entering_bytes", "measure_cut_costs"]
+           "cut_fingerprint", "measure_cut_costs"]
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``

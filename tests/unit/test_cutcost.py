@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from collage_farm import zoo
 from collage_farm.campaign import with_cut_costs
+from collage_farm.core.cutcharge import entering_bytes
 from collage_farm.core.graph import load_graph
 from collage_farm.core.subgraph import SubGraph, iter_bits
 from collage_farm.core.target import BUILTIN_TARGETS as T
@@ -23,7 +24,6 @@ from collage_farm.probes.cutcost import (
     cached_cut_costs,
     chunk_masks,
     cut_fingerprint,
-    entering_bytes,
     measure_cut_costs,
 )
 from collage_farm.zoo.source import load_source
