@@ -75,6 +75,9 @@ class TuneOptions:
     cut_costs: bool = True  # measure this model's cut cost per target (collage_farm.probes.cutcost)
     confirm_rounds: int = 3  # re-measure the chosen path, re-search (`confirm`); 0 disables
     report: bool = True  # report.html + PNGs beside the plan
+    # a plan that can hold int8 partitions is checked as `run` checks it, and searched once
+    # more with 16-bit NPU activations when it fails (`collage_farm.campaign.accuracy`)
+    accuracy_check: bool = True
     # how candidates get costs (`MeasureStrategy`): "profile" (in-network operator profiles,
     # `estimators.profiled`), "exhaustive" (every candidate measured in isolation) or ""
     # (the cost source's default, `measure_strategy`)

@@ -66,7 +66,14 @@ import os
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from collage_farm.campaign.accuracy import (
+    AccuracyVerdict,
+    check_plan,
+    needs_check,
+    wider_targets,
+)
 from collage_farm.campaign.costs import (
     build_specs,
     choose_transition,
@@ -88,6 +95,7 @@ from collage_farm.campaign.options import (
 )
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
+from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.phases import PhaseClock
 from collage_farm.core.pins import filter_candidates
 from collage_farm.core.plan import Plan, PlanError, make_plan, write_plan
@@ -154,10 +162,10 @@ def _check_out(out: Path) -> None:
 
 
 def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
-    """Run phases 1-4; write the plan to ``opts.out``; return the summary."""
+    """Run phases 1-4; write the plan to ``opts.out``; where the plan can hold int8
+    partitions, check it as ``run`` will and search once more with 16-bit NPU activations when
+    it fails (`_accuracy_gate`); write the report; return the summary."""
     clock = PhaseClock()  # the summary's phases_s: wall seconds per phase, adding up to wall_s
-    campaign_id = opts.campaign_id or uuid.uuid4().hex[:12]
-    opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
     graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
     calibration = int8_calibration(graph, opts.targets, opts.calibration)
@@ -165,6 +173,56 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     opts = dataclasses.replace(opts, calibration=calibration,
                                targets=calibrated_targets(opts.targets, calibration))
     clock.lap("load")
+    summary, measured = _campaign(opts, estimator, graph, clock)
+    if opts.accuracy_check and needs_check(opts.targets):
+        summary, measured = _accuracy_gate(opts, estimator, graph, clock, summary, measured)
+    if opts.report:
+        try:
+            summary["report"] = str(write_report(opts.out, summary, measured))
+        except Exception as e:  # a drawing problem must not lose the plan
+            log.warning("report not written: %s: %s", type(e).__name__, e)
+            summary["report_error"] = f"{type(e).__name__}: {e}"
+    clock.lap("report")
+    summary["wall_s"] = clock.wall_s
+    # wall seconds per phase (`PhaseClock`): they add up to wall_s, less this line's time
+    summary["phases_s"] = {k: v for k, v in clock.phases.items() if v > 0.0005}
+    return summary
+
+
+def _accuracy_gate(opts: TuneOptions, estimator: CostEstimator | None, graph: DataflowGraph,
+                   clock: PhaseClock, summary: dict, measured: Any) -> tuple[dict, Any]:
+    """The written plan checked (`check_plan`); when it fails and the board has an int8 NPU
+    target, the campaign searched again with 16-bit NPU activations (`wider_targets`) into the
+    same ``--out`` and checked in turn. The summary returned is the written plan's, with
+    ``accuracy``: its check, and ``first`` (the failed plan's check and estimate) where the
+    campaign searched again."""
+    first = check_plan(opts.out, opts.targets, opts.calibration)
+    clock.lap("accuracy")
+    wide = None if first.ok or first.verdict is AccuracyVerdict.ERROR else wider_targets(
+        opts.targets)
+    if wide is None:
+        summary["accuracy"] = {**first.to_json(), "replanned": False}
+        return summary, measured
+    log.warning("the plan fails the int8 check (%s); searching again with 16-bit NPU "
+                "activations: %s", first.message, ", ".join(t.id for t in wide))
+    failed = {"check": first.to_json(), "estimated_total_s": summary["estimated_total_s"],
+              "measured": summary["measured"], "partitions": summary["partitions"]}
+    again_id = f"{opts.campaign_id}-a16" if opts.campaign_id else ""
+    summary, measured = _campaign(dataclasses.replace(opts, targets=wide, campaign_id=again_id),
+                                  estimator, graph, clock)
+    again = check_plan(opts.out, wide, opts.calibration)
+    clock.lap("accuracy")
+    summary["accuracy"] = {**again.to_json(), "replanned": True, "first": failed}
+    return summary, measured
+
+
+def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: DataflowGraph,
+              clock: PhaseClock) -> tuple[dict, Any]:
+    """One search of ``graph`` on ``opts``' (calibrated) targets, the plan written to
+    ``opts.out``; the summary and the post-search step's measurements (the report's)."""
+    campaign_id = opts.campaign_id or uuid.uuid4().hex[:12]
+    opts = TuneOptions(**{**opts.__dict__, "campaign_id": campaign_id})
+    calibration = opts.calibration
 
     specs = build_specs(opts.targets, opts.rule_options)
     candidates = all_candidates(graph, specs)
@@ -342,18 +400,7 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
             else "skipped (--no-verify, --refine-trials 0)")
     # one story, every figure named by its plan (collage_farm.report.summary)
     summary.update(story_keys(summary, result, dijkstra, len(graph.nodes)))
-    if opts.report:
-        try:
-            summary["report"] = str(write_report(opts.out, summary,
-                                                 post.measured if post else None))
-        except Exception as e:  # a drawing problem must not lose the plan
-            log.warning("report not written: %s: %s", type(e).__name__, e)
-            summary["report_error"] = f"{type(e).__name__}: {e}"
-    clock.lap("report")
-    summary["wall_s"] = clock.wall_s
-    # wall seconds per phase (`PhaseClock`): they add up to wall_s, less this line's time
-    summary["phases_s"] = {k: v for k, v in clock.phases.items() if v > 0.0005}
-    return summary
+    return summary, (post.measured if post else None)
 
 
 def _row_details(table: Path | None, plan: Plan, targets: Sequence[Target]

@@ -126,6 +126,10 @@ def _add_post_search_args(p: argparse.ArgumentParser) -> None:
                    help="wall-clock budget for refinement, seconds (default 120)")
     p.add_argument("--no-report", action="store_true",
                    help="do not write report.html and its PNGs beside the plan")
+    p.add_argument("--no-accuracy-check", action="store_true",
+                   help="on an Ethos-U board, do not check the written plan's int8 numerics "
+                   "as `run` does (by default a plan that fails is searched once more with "
+                   "16-bit NPU activations)")
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
@@ -217,6 +221,7 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
                        else max(0, args.refine_trials)),
         refine_time_s=args.refine_time,
         report=not args.no_report,
+        accuracy_check=not args.no_accuracy_check,
         measure_mode=args.measure_mode or "",
         cut_costs=not args.no_cut_costs,
         measure=args.measure,
@@ -289,6 +294,8 @@ def print_summary(s: dict[str, Any]) -> None:
         print(f"warning: {by['no_runner']} candidates had no runner on this cluster (a target "
               "whose device or toolchain no node offers: `collage-farm targets list --check`); "
               "the plan leaves those targets out")
+    if s.get("accuracy"):
+        print(accuracy_line(s["accuracy"], s.get("estimated_total_s")))
     if s.get("slots"):
         print(_slots_line(s["slots"]))
     if s.get("report"):
@@ -296,6 +303,28 @@ def print_summary(s: dict[str, Any]) -> None:
     print(f"search {s['search_s']:.2f} s, wall {s['wall_s']:.2f} s; plan in {s['plan']}")
     if s.get("phases_s"):
         print(f"wall by phase (largest): {top_phases(s['phases_s'])}")
+
+
+def accuracy_line(acc: dict[str, Any], estimated_s: float | None) -> str:
+    """The accuracy gate's outcome (the summary's ``accuracy``) in one line: the written
+    plan's check and, where the campaign searched again, why and what it cost."""
+    def check(c: dict[str, Any]) -> str:
+        steps = c.get("worst_steps")
+        worst = (f"{c['worst_output']} {steps:.1f} int8 steps" if steps is not None
+                 else c.get("worst_output") or "")
+        return f"{c['verdict']}" + (f" ({worst})" if worst else "")
+    line = f"accuracy (`run`'s int8 check of the written plan): {check(acc)}"
+    first = acc.get("first")
+    if first:
+        line += (f"; the first plan ({', '.join(first['check']['targets'])}, simulated "
+                 f"{first['estimated_total_s'] * 1e3:.3f} ms) {check(first['check'])}, so the "
+                 f"board was searched again with 16-bit NPU activations "
+                 f"({', '.join(acc['targets'])})")
+        if estimated_s is not None:
+            line += f": simulated {estimated_s * 1e3:.3f} ms"
+    if acc.get("verdict") != "passed":
+        line += f". WARNING: {acc.get('message', '')[:300]}"
+    return line
 
 
 def _slots_line(slots: dict[str, Any]) -> str:

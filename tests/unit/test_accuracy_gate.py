@@ -1,0 +1,120 @@
+"""The accuracy gate of a campaign on an Ethos-U board (`collage_farm.campaign.accuracy`).
+
+A model whose int8 activations cannot carry it: one hidden channel 100x the others, so a
+per-tensor int8 scale rounds the small channels away, and the next layer reads only those. The
+campaign's first plan (int8 NPU) fails `run`'s check; the gate searches the board again with
+16-bit NPU activations, whose plan passes, and says both in the summary and its printed line.
+``accuracy_check=False`` writes the int8 plan, which `collage-farm run` then refuses: the gate
+and ``run`` agree. Real Vela compiles and LiteRT reference kernels, the ``local`` estimator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("ethosu.regor")
+pytest.importorskip("ai_edge_litert.interpreter")
+
+from collage_farm.campaign import TuneOptions, run_tune
+from collage_farm.campaign.accuracy import AccuracyVerdict, check_plan, wider_targets
+from collage_farm.cli.main import main
+from collage_farm.cli.tune import print_summary
+from collage_farm.config import load_config
+from collage_farm.core.graph import MAX_IR_VERSION
+from collage_farm.core.target import BUILTIN_TARGETS
+
+
+def _outlier_model() -> onnx.ModelProto:
+    """x (16x64) -> MatMul (hidden channel 0 scaled 100x) -> MatMul that ignores channel 0;
+    large enough that the NPU is faster than the host for both."""
+    rng = np.random.default_rng(7)
+    w1 = (rng.normal(size=(64, 256)) / 8).astype(np.float32)
+    w1[:, 0] *= 100.0
+    w2 = (rng.normal(size=(256, 32)) / 16).astype(np.float32)
+    w2[0, :] = 0.0
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("MatMul", ["h", "w2"], ["y"], name="fc2")]
+    g = helper.make_graph(
+        nodes, "outlier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = MAX_IR_VERSION
+    return m
+
+
+def _placement(out: Path) -> list[tuple[str, list[str]]]:
+    plan = json.loads((out / "plan.json").read_text())
+    return [(p["target"], p["nodes"]) for p in plan["partitions"]]
+
+
+def _opts(tmp: Path, model: Path, **kw: object) -> TuneOptions:
+    cfg = load_config(builtin_system="ethos-u65-256")
+    return TuneOptions(**{"model": str(model), "targets": tuple(cfg.selected_targets),
+                          "out": tmp / "out", "estimator": "local",
+                          "transition": cfg.transition, "report": False, **kw})
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gate") / "outlier.onnx"
+    onnx.save(_outlier_model(), path)
+    return path
+
+
+def test_a_plan_that_fails_int8_is_searched_again_with_16_bit_activations(
+        tmp_path: Path, model: Path) -> None:
+    s = run_tune(_opts(tmp_path, model))
+    acc = s["accuracy"]
+    assert acc["replanned"] is True
+    first = acc["first"]["check"]
+    assert first["verdict"] == "failed" and first["worst_output"] == "y"
+    assert first["worst_steps"] > 12  # the int8 plan is far out of tolerance
+    assert first["targets"] == ["ethos-u65-256", "cortex-m55"]
+    assert acc["verdict"] == "passed" and acc["worst_steps"] <= 12
+    assert s["targets"] == acc["targets"] == ["ethos-u65-256-a16", "cortex-m55"]
+    assert "ethos-u65-256-a16" in s["partitions_per_target"]
+    # the written plan is the 16-bit one, and `run` verifies it
+    assert main(["run", str(tmp_path / "out"), "--no-singles", "--rounds", "1"]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_summary(s)
+    line = next(ln for ln in printed.getvalue().splitlines() if ln.startswith("accuracy"))
+    assert "passed" in line and "failed" in line and "16-bit" in line
+    assert s["phases_s"]["accuracy"] > 0
+    # offline on the table the campaign left: the same two searches, the same plan
+    off = run_tune(_opts(tmp_path / "offline", model, estimator="offline",
+                         cost_table=tmp_path / "out" / "costs"))
+    assert off["accuracy"]["replanned"] is True and off["accuracy"]["verdict"] == "passed"
+    assert off["measured"] == 0 and off["estimated_total_s"] == s["estimated_total_s"]
+    assert _placement(tmp_path / "offline" / "out") == _placement(tmp_path / "out")
+
+
+def test_without_the_gate_the_int8_plan_is_written_and_run_refuses_it(
+        tmp_path: Path, model: Path) -> None:
+    s = run_tune(_opts(tmp_path, model, accuracy_check=False))
+    assert "accuracy" not in s
+    assert s["targets"] == ["ethos-u65-256", "cortex-m55"]
+    assert main(["run", str(tmp_path / "out"), "--no-singles", "--rounds", "1"]) == 1
+    check = check_plan(tmp_path / "out", [BUILTIN_TARGETS["ethos-u65-256"]], None)
+    assert check.verdict is AccuracyVerdict.FAILED and not check.ok
+
+
+def test_wider_targets_widen_only_int8_npus() -> None:
+    u65, m55 = BUILTIN_TARGETS["ethos-u65-256"], BUILTIN_TARGETS["cortex-m55"]
+    size = BUILTIN_TARGETS["ethos-u65-256-size"]
+    wide = wider_targets([u65, size, m55])
+    assert wide is not None
+    assert [t.id for t in wide] == ["ethos-u65-256-a16", "ethos-u65-256-size-a16", "cortex-m55"]
+    assert wide[0] == BUILTIN_TARGETS["ethos-u65-256-a16"]  # the catalogue's own variant
+    assert dict(wide[1].options)["optimise"] == "Size"
+    assert wider_targets(wide) is None  # nothing left to widen: no third search
+    assert wider_targets([m55]) is None
