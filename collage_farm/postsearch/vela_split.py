@@ -4,7 +4,9 @@
 makes when it compiles the whole model (`runners.vela_placement.vela_placement`: one int8
 conversion, one compile with the board's NPU configuration, every node placed where Vela put
 its operators, with Vela's own reason for each one it left on the CPU; the nodes the int8
-converter writes in float32 only are on the host with the converter's reason). The split is
+converter writes in float32 only are on the host with the converter's reason; on a 16x8 NPU
+target, whose compile is still the int8 one, a Softmax over rows longer than the int16 kernel
+resolves goes to the host too, `runners.ethosu.wide_softmax_why`). The split is
 each maximal run of the model's (post-DFS, topological) node order on one half: a run of a
 topological order is convex, so it is always a valid plan.
 
@@ -35,7 +37,7 @@ from collage_farm.core.target import Target
 from collage_farm.execute.builder import Part
 from runners.calibration import calibrate
 from runners.cortex_m import joint_groups
-from runners.ethosu import vela_config
+from runners.ethosu import vela_config, wide_softmax_why
 from runners.registry import capabilities_for_target
 from runners.vela_placement import NodePlacement, PlacementSource, VelaPlacement, vela_placement
 
@@ -152,7 +154,14 @@ def _compiled_split(graph: DataflowGraph, board: Board,
             f"{board.npu.id}'s capability check: the whole-model Vela compile could not be "
             f"made ({type(e).__name__}: {msg})"))
     why = [None if p.on_npu else (p.reason, p.source) for p in placed.nodes]
-    dis = _compare(graph, placed, cap)
+    compared = list(cap)
+    if board.npu.option("activations") == "int16":  # 16x8's own limit on the int8 compile
+        for i, node in enumerate(graph.nodes):
+            wide = wide_softmax_why(node, graph) if node.op_type == "Softmax" else None
+            if why[i] is None and wide is not None:
+                why[i] = (wide, PlacementSource.CAPABILITY)
+                compared[i] = None  # the int8 compile cannot know it: not a disagreement
+    dis = _compare(graph, placed, compared)
     note = placed.describe() + (f"; {len(dis)} node(s) placed otherwise by the capability "
                                 "check" if dis else "; the capability check agrees")
     return _split(graph, board, why, SplitSource.VELA_COMPILE, note, dis)

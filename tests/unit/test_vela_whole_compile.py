@@ -126,3 +126,29 @@ def test_a_compile_that_overruns_its_deadline_costs_the_child_not_the_caller() -
     board = _board("ethos-u55-128")
     with pytest.raises(PlacementError, match=r"Vela compile of the model \(timeout\)"):
         vela_placement(g, calibrate(g), vela_config(board.npu), timeout_s=0.0)
+
+
+def test_a_16x8_board_leaves_a_long_softmax_row_to_the_host() -> None:
+    """The whole-model compile is int8, whose Softmax Vela takes at any row length; the 16x8
+    target's int16 kernel does not resolve rows over 86 entries, so its Vela whole puts that
+    Softmax on the host (else no Vela-whole cover exists for a 16x8 campaign to compare with)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+             helper.make_node("Softmax", ["h"], ["y"], name="soft", axis=-1)]
+    g = helper.make_graph(
+        nodes, "ls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 200])], [_w("w", (32, 200), 4)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    graph = load_graph(m, name="ls")
+    int8 = _board("ethos-u65-256")
+    a16 = load_config(builtin_system="ethos-u65-256").variant_of("ethos-u65-256-a16")
+    assert a16 is not None
+    wide = Board(a16, int8.host)
+    assert wide.npu.option("activations") == "int16"
+    narrow = vela_split(graph, int8)
+    assert narrow.source is SplitSource.VELA_COMPILE and not narrow.on_host
+    split = vela_split(graph, wide)
+    assert split.source is SplitSource.VELA_COMPILE and not split.disagreements
+    assert [(p.node, p.source) for p in split.on_host] == [("soft", PlacementSource.CAPABILITY)]
+    assert "rows of 200 entries" in split.on_host[0].reason
+    assert [_names(graph, p.mask) for p in split.parts] == [["fc"], ["soft"]]
