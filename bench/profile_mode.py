@@ -54,11 +54,13 @@ DEFAULT_MODELS = ("mnist", "resnet18-64", "gpt2-2L")
 MODES = ("exhaustive", "profile")
 
 
-def campaign(model: str, targets: str, mode: str, work: Path, num_cpus: int | None
-             ) -> dict[str, Any]:
-    """One campaign in ``mode`` on a fresh table; its summary."""
+def campaign(model: str, targets: str, mode: str, work: Path, num_cpus: int | None,
+             estimator: str = "farm") -> dict[str, Any]:
+    """One campaign in ``mode`` on a fresh table; its summary. ``estimator``: ``farm`` (an
+    embedded Ray) or ``local`` (the toolchains' isolated runners in this process, no Ray)."""
     opts = TuneOptions(model=model, targets=tuple(parse_targets(targets)), out=work / mode,
                        cost_table=work / f"{mode}-costs", num_cpus=num_cpus, measure=mode,
+                       estimator=estimator,
                        refine_trials=2, refine_time_s=60, verify_extend_rounds=0,
                        report=False)
     t0 = time.perf_counter()
@@ -132,6 +134,9 @@ def main() -> None:
                     help="measure modes to run, in order (both: ratios between them)")
     ap.add_argument("--targets", default="ort-cpu,openvino-cpu,litert-cpu")
     ap.add_argument("--num-cpus", type=int, default=None)
+    ap.add_argument("--estimator", choices=("farm", "local"), default="farm",
+                    help="farm: an embedded Ray (default); local: the toolchains' runners in "
+                    "this process, no Ray (a machine without Ray)")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the plans")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--summaries", type=Path, default=None,
@@ -139,7 +144,9 @@ def main() -> None:
     args = ap.parse_args()
     lines = [f"# profile vs exhaustive measure mode ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"machine: {DeviceDescription.host_cpu().describe()}, {platform.platform()}; "
-             f"targets {args.targets}; Ray num_cpus {args.num_cpus}", "",
+             f"targets {args.targets}; "
+             + (f"Ray num_cpus {args.num_cpus}" if args.estimator == "farm"
+                else "no Ray (local runners)"), "",
              "| model | mode | candidates | measured (isolated) | profile runs | "
              "measurements | profile warnings | campaign s | final plan | final plan e2e ms "
              "(interleaved) | Dijkstra partitions | Dijkstra estimated ms | Dijkstra measured "
@@ -156,7 +163,7 @@ def main() -> None:
                 name, kw = MODELS[label]
                 source = str(work / f"{label}.onnx")
                 onnx.save(zoo.build(name, **kw), source)
-            res = {m: campaign(source, args.targets, m, work, args.num_cpus)
+            res = {m: campaign(source, args.targets, m, work, args.num_cpus, args.estimator)
                    for m in args.modes.split(",")}
             e2e = interleaved({m: work / m for m in res}, args.rounds)
             if args.summaries:
