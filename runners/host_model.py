@@ -183,6 +183,12 @@ class HostModel:
                 cost += self.op_cost(op, "int8", 0, 5 * n).cycles
         return cost
 
+    def requantise_cycles(self, elements: int) -> float:
+        """An int8 <-> int16 QUANTIZE of one tensor of ``elements`` (where a 16x8 partition
+        meets an int8 one): TFLM's reference requantisation, an int8 and an int16 value (3
+        bytes) per element, plus the operator's dispatch."""
+        return self.op_cost("QUANTIZE", "int8", 0, 3 * max(0, int(elements))).cycles
+
     def seconds(self, cycles: float) -> float:
         return cycles / self.clock_hz
 

@@ -12,7 +12,13 @@ from collage_farm.campaign.options import CostSource, TuneOptions, campaign_tabl
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.rules import PartitionSpec, RuleOptions, default_spec
 from collage_farm.core.target import CPU0, Target
-from collage_farm.core.transition import AnalyticTransitionModel, TransitionModel, WithCutCosts
+from collage_farm.core.transition import (
+    AnalyticTransitionModel,
+    Requantise,
+    TransitionModel,
+    WithCutCosts,
+    WithRequantise,
+)
 from collage_farm.costtable import CostTable, CostTableWriter, TableStore, check_writable
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.execute.builder import PlanBuilder
@@ -36,6 +42,7 @@ from estimators.profiled import (
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
+from runners.host_model import host_model
 from runners.registry import capabilities_for_target
 
 log = logging.getLogger(__name__)
@@ -153,6 +160,22 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
         log.warning("measured transitions unavailable (%s: %s); using %s", type(e).__name__,
                     e, fallback.label)
         return fallback
+
+
+def with_requantise(targets: Sequence[Target], transition: TransitionModel) -> TransitionModel:
+    """``transition`` plus the host's int8 <-> int16 requantisation of every tensor crossing
+    into or out of a 16x8 NPU partition (`WithRequantise`, priced by the board host's cycle
+    model, `runners.host_model.HostModel.requantise_cycles`) when ``targets`` are an Ethos-U
+    board with a 16x8 NPU target (``activations: int16``); else ``transition`` itself."""
+    board = ethos_u_board(targets)
+    wide = [t for t in targets if t.toolchain == "vela" and t.option("activations") == "int16"]
+    if board is None or not wide:
+        return transition
+    host = host_model(str(board.host.option("core", board.host.name)))
+    fixed = host.requantise_cycles(0)
+    per_element = host.requantise_cycles(1) - fixed
+    charge = Requantise(host.seconds(fixed), host.seconds(per_element))
+    return WithRequantise(transition, {t.id: charge for t in wide})
 
 
 def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],

@@ -82,6 +82,7 @@ from collage_farm.campaign.costs import (
     measure_strategy,
     profiled_estimator,
     with_cut_costs,
+    with_requantise,
 )
 from collage_farm.campaign.decisions import (
     already_decided,
@@ -246,6 +247,7 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
     clock.lap("farm_start")  # the estimator: Ray up (farm campaigns), the table opened
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
+        transition = with_requantise(opts.targets, transition)  # 16x8 among int8 partitions
         clock.lap("transitions")
         cut_info: dict | None = None
         # profile mode wraps the estimator the campaign built; a caller's own is used as is

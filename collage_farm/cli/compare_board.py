@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from collage_farm.campaign.costs import with_requantise
 from collage_farm.config import builtin_system_for
 from collage_farm.core.calibration_data import CalibrationData
 from collage_farm.core.candidate import CandidatePartition
@@ -83,7 +84,7 @@ def simulated_board(graph: DataflowGraph, targets: Sequence[Target], board: Boar
     """Simulated whole-model figures on an Ethos-U board: each target alone, Vela whole and
     (``plan``: a plan directory) the plan's own estimate; failures as text. int8 builds are
     calibrated on ``calibration`` (seeded random by default)."""
-    transition = _transition(targets)
+    transition = with_requantise(targets, _transition(targets))  # as a campaign prices it
     rows: dict[str, float] = {}
     errors: dict[str, str] = {}
     with _local_estimator(graph, targets, calibration) as est:

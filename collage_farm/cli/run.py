@@ -156,7 +156,8 @@ def _print_run(out: dict[str, Any], ex: PlanExecutor, cmp: CompareResult) -> Non
         print(f"int8 partitions calibrated on the whole model, {ex.calibration.describe()}")
     for p in out["partitions"]:
         print(f"  {p['id']}  {p['target']:16s} est {fmt_ms(p['estimated_s']):>14s}  {p['kind']}")
-    print(f"measured end to end {fmt_ms(out['plan_measured_s'])} (measured part "
+    how = "measured" if out["measured_partitions"] else "simulated"  # a board: all simulated
+    print(f"{how} end to end {fmt_ms(out['plan_measured_s'])} (measured part "
           f"{fmt_ms(out['measured_part_s'])}, simulated part {fmt_ms(out['simulated_part_s'])}); "
           f"estimated {fmt_ms(out['estimated_total_s'])} [{ex.plan.estimator}]")
     if out["additive_error"] is not None:

@@ -135,11 +135,14 @@ def _prepare(graph: DataflowGraph, cands: Sequence[CandidatePartition],
                 pen += transition.transfer_s(HOST, c.target.device, nb)
             else:
                 inputs.append((p, nb))
+                pen += transition.requantise_s(c.target, t[name].size if name in t else 0)
         for name in sg.output_tensors:
             nb = t[name].nbytes if name in t else 0
             pen += transition.handoff_s(c.target, nb)
             if name in graph_outs:
                 pen += transition.transfer_s(c.target.device, HOST, nb)
+            if any(not c.mask >> i & 1 for i in graph.consumers.get(name, ())):
+                pen += transition.requantise_s(c.target, t[name].size if name in t else 0)
         if inputs:  # fed by another partition: a cut into this target, by the bytes entering
             pen += transition.cut_s(c.target, sum(nb for _, nb in inputs))
         edges.append(_Edge(

@@ -15,7 +15,10 @@ search charges these on its edges, so the Dijkstra plan already accounts for the
   bytes of the tensors entering it from other partitions, a property of the *model* and the
   target: measured per campaign by `collage_farm.probes.cutcost` (each chunk of the model
   inside chains where its neighbours run on other toolchains vs on its own, a
-  `collage_farm.core.cutcharge.CutCharge` line in the bytes), `WithCutCosts`.
+  `collage_farm.core.cutcharge.CutCharge` line in the bytes), `WithCutCosts`;
+* ``requantise_s(target, elements)``: per tensor between two partitions, on the side of a
+  target that computes in another precision than its neighbours (a 16x8 NPU partition among
+  int8 ones on an Ethos-U board), `WithRequantise`.
 
 `AnalyticTransitionModel` is a documented default (fixed latencies, bandwidths per device pair);
 `ConfiguredTransitionModel` adds the per device-pair links and the host of a system file
@@ -45,10 +48,12 @@ __all__ = [
     "ConfiguredTransitionModel",
     "Link",
     "MeasuredTransitionModel",
+    "Requantise",
     "ScaledTransitionModel",
     "TransitionModel",
     "TransitionSample",
     "WithCutCosts",
+    "WithRequantise",
     "ZeroTransitionModel",
     "scale_transitions",
     "split_scale",
@@ -80,6 +85,60 @@ class TransitionModel(abc.ABC):
         other partitions (None: not known; a per-target figure independent of size).
         0 unless measured for the model (`collage_farm.probes.cutcost`)."""
         return 0.0
+
+    def requantise_s(self, target: Target, elements: int) -> float:
+        """Cost of converting one tensor of ``elements`` that crosses between a partition on
+        ``target`` and another partition of the plan (graph inputs and outputs are not
+        crossings) from or to the precision the board's partitions exchange; charged on the
+        ``target`` side of the crossing. 0 unless ``target`` computes in another precision
+        than its neighbours (`WithRequantise`)."""
+        return 0.0
+
+
+@dataclass(frozen=True)
+class Requantise:
+    """One tensor's requantisation: a fixed cost (the operator's dispatch) plus a cost per
+    element, in seconds."""
+
+    fixed_s: float
+    per_element_s: float
+
+    def cost(self, elements: int) -> float:
+        return max(0.0, self.fixed_s) + max(0.0, self.per_element_s) * max(0, int(elements))
+
+
+@dataclass(frozen=True)
+class WithRequantise(TransitionModel):
+    """``base`` plus a requantisation of every tensor crossing between a partition on one of
+    ``charges``' targets (by id) and another partition: on an Ethos-U board whose partitions
+    exchange int8 tensors, a 16x8 NPU partition's inputs from and outputs to them pass an
+    int8 <-> int16 QUANTIZE on the host. Charged per target, not per pair: two adjacent
+    partitions on such targets (which could exchange int16 directly) are charged too, a
+    deliberate over-charge of a split the search has no reason to make."""
+
+    base: TransitionModel
+    charges: Mapping[str, Requantise]
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"{self.base.label}+requantise"
+
+    def launch_s(self, target: Target) -> float:
+        return self.base.launch_s(target)
+
+    def handoff_s(self, target: Target, nbytes: int) -> float:
+        return self.base.handoff_s(target, nbytes)
+
+    def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
+        return self.base.transfer_s(src, dst, nbytes)
+
+    def cut_s(self, target: Target, nbytes: int | None = None) -> float:
+        return self.base.cut_s(target, nbytes)
+
+    def requantise_s(self, target: Target, elements: int) -> float:
+        own = self.charges.get(target.id)
+        return ((own.cost(elements) if own is not None else 0.0)
+                + self.base.requantise_s(target, elements))
 
 
 @dataclass(frozen=True)
@@ -113,6 +172,9 @@ class WithCutCosts(TransitionModel):
         own = (fit.cost(nbytes) if fit is not None and nbytes is not None
                else max(0.0, float(self.cuts.get(target.id, 0.0))))
         return own + self.base.cut_s(target, nbytes)
+
+    def requantise_s(self, target: Target, elements: int) -> float:
+        return self.base.requantise_s(target, elements)
 
 
 @dataclass(frozen=True)
@@ -249,6 +311,12 @@ class ScaledTransitionModel(TransitionModel):
     def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
         return self.factor * self.base.transfer_s(src, dst, nbytes)
 
+    def cut_s(self, target: Target, nbytes: int | None = None) -> float:
+        return self.factor * self.base.cut_s(target, nbytes)
+
+    def requantise_s(self, target: Target, elements: int) -> float:
+        return self.factor * self.base.requantise_s(target, elements)
+
 
 def scale_transitions(model: TransitionModel, factor: float) -> TransitionModel:
     """``model`` with every penalty multiplied by ``factor`` (>= 0)."""
@@ -365,6 +433,12 @@ class MeasuredTransitionModel(TransitionModel):
             return 0.0
         link = self.links.get((src.label, dst.label))
         return self.fallback.transfer_s(src, dst, nbytes) if link is None else link.cost(nbytes)
+
+    def cut_s(self, target: Target, nbytes: int | None = None) -> float:
+        return self.fallback.cut_s(target, nbytes)
+
+    def requantise_s(self, target: Target, elements: int) -> float:
+        return self.fallback.requantise_s(target, elements)
 
 
 def _fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:

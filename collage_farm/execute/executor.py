@@ -445,11 +445,17 @@ class PlanExecutor:
         return run_all
 
     def timing(self, summary: Summary) -> Timing:
+        """``summary`` of the measured partitions plus the simulated ones' figures: each
+        simulated partition's ``estimated_s`` and, on a plan of simulated partitions only (an
+        Ethos-U board, whose boundaries are as simulated as its partitions: NPU invocations,
+        hand-overs, requantisations), its ``penalty_s`` as plan.json records it."""
         measured = [rt for rt in self.partitions if rt.kind is Kind.MEASURED]
         simulated = [rt for rt in self.partitions if rt.kind is Kind.SIMULATED]
+        penalties = ({p.id: p.penalty_s for p in self.plan.partitions}
+                     if not measured and getattr(self, "plan", None) is not None else {})
         return Timing(
             summary=summary,
-            simulated_s=sum(rt.estimated_s for rt in simulated),
+            simulated_s=sum(rt.estimated_s + penalties.get(rt.id, 0.0) for rt in simulated),
             measured_partitions=tuple(rt.id for rt in measured),
             simulated_partitions=tuple(rt.id for rt in simulated),
         )

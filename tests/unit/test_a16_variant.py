@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from collage_farm.campaign import TuneOptions, run_tune
 from collage_farm.config import builtin_system_for, load_config
 from collage_farm.core.graph import MAX_IR_VERSION, load_graph, random_inputs
+from collage_farm.core.pins import Pin, PinSet
 from collage_farm.core.target import A16_VARIANT, BUILTIN_TARGETS, ETHOS_U_CONFIGS, ConfigError
 from collage_farm.costtable import CostTable
 from collage_farm.execute import PlanExecutor
@@ -27,6 +28,7 @@ from estimators.int8_ranges import channel_means_provider
 from runners.base import BuildInput, Status
 from runners.calibration import calibrate, channel_means, clear_memory_cache
 from runners.ethosu import A16_SOFTMAX_MAX_ROW, VelaToolchain
+from runners.host_model import host_model
 from runners.runtime import RuntimeInput
 from runners.runtime_sim import SOFTMAX_ABORT_ROW
 
@@ -151,13 +153,20 @@ def test_run_checks_16x8_npu_partitions_beside_an_int8_host_partition(tmp_path: 
     onnx.save(_model(), model)
     board = builtin_system_for([A16])
     assert board is not None
+    # pinned: with the host's int8 <-> int16 requantisations priced, this small model's
+    # cheapest plan is the host alone, and this test is about a 16x8 / int8 mix
+    pins = PinSet((Pin(node="Conv_1", target=A16.id), Pin(node="Conv_5", target=A16.id)))
     opts = TuneOptions(model=str(model), targets=tuple(board.with_board_host([A16])),
                        out=tmp_path / "out", estimator="local", transition=board.transition,
-                       report=False)
+                       report=False, pins=pins)
     run_tune(opts)
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     where = {n: p["target"] for p in plan["partitions"] for n in p["nodes"]}
     assert where["Conv_3"] == "cortex-m55" and where["Conv_1"] == where["Conv_5"] == A16.id
+    assert plan["transition"].endswith("+requantise")  # the crossings are priced
+    host = host_model("cortex-m55")
+    crossing = sum(p["penalty_s"] for p in plan["partitions"] if p["target"] == A16.id)
+    assert crossing >= 2 * host.seconds(host.requantise_cycles(0))  # at least in + out
     opts_of = {t["id"]: t["options"] for t in plan["targets"]}
     assert opts_of[A16.id]["activations"] == "int16"
     rows = CostTable(tmp_path / "out" / "costs").rows()

@@ -26,7 +26,9 @@ from collage_farm.core.subgraph import SubGraphConfig
 from collage_farm.core.target import BUILTIN_TARGETS as T
 from collage_farm.core.transition import (
     AnalyticTransitionModel,
+    Requantise,
     WithCutCosts,
+    WithRequantise,
     ZeroTransitionModel,
 )
 from estimators.base import CostEstimator
@@ -96,6 +98,11 @@ def brute_force(g, cands, est, transition):
         fed = [g.tensors[t].nbytes for t in sg.input_tensors if g.producer.get(t) is not None]
         if fed:  # fed by another partition: charged by the bytes entering it
             pen += transition.cut_s(c.target, sum(fed))
+        # a requantisation per tensor crossing from or to another partition
+        crossing = [t for t in sg.input_tensors if g.producer.get(t) is not None]
+        crossing += [t for t in sg.output_tensors
+                     if any(not c.mask >> i & 1 for i in g.consumers.get(t, ()))]
+        pen += sum(transition.requantise_s(c.target, g.tensors[t].size) for t in crossing)
         return pen
 
     def rec(covered, devmap, total):
@@ -125,16 +132,18 @@ def brute_force(g, cands, est, transition):
 @settings(max_examples=60, deadline=None)
 @given(dags(max_nodes=8), st.sampled_from(sorted(TARGET_SETS)), st.booleans(),
        st.sampled_from(["graph", "fuseops", "library"]),
-       st.sampled_from([0.0, 2e-6, 3e-5]), st.booleans())
-def test_dijkstra_equals_brute_force(model, tset, zero, style, cut, by_bytes):
+       st.sampled_from([0.0, 2e-6, 3e-5]), st.booleans(), st.sampled_from([0.0, 1e-6]))
+def test_dijkstra_equals_brute_force(model, tset, zero, style, cut, by_bytes, requant):
     g = load_graph(model)
     cands = _cands(g, TARGET_SETS[tset], style=style)
     transition = ZeroTransitionModel() if zero else AnalyticTransitionModel(scale=3.0)
+    first = TARGET_SETS[tset][0]
     if cut:  # a measured cut cost into the first target of the set only
-        first = TARGET_SETS[tset][0]
         # by bytes: 0 below 16 bytes, then cut / 16 per byte (a 32-byte tensor pays ``cut``)
         charges = {first: CutCharge(-cut, cut / 16)} if by_bytes else {}
         transition = WithCutCosts(transition, {first: cut}, charges)
+    if requant:  # the first target requantises every tensor it exchanges with a partition
+        transition = WithRequantise(transition, {first: Requantise(requant, requant / 8)})
     est = HashEstimator(fail_ratio=0.1)
     expected = brute_force(g, cands, est, transition)
     if math.isinf(expected):
@@ -268,3 +277,25 @@ def test_a_cut_is_charged_by_the_bytes_entering_the_partition():
     assert cut.cut_s(T["ort-cpu"], 32) == 5e-6  # no line for ORT: the constant
     floor = WithCutCosts(ZeroTransitionModel(), {}, {"openvino-cpu": CutCharge(-1e-5, 1e-7)})
     assert floor.cut_s(T["openvino-cpu"], 32) == 0.0  # -6.8 us floored at 0
+
+
+def test_a_16x8_partition_pays_a_requantise_per_tensor_it_exchanges_with_a_partition():
+    """`WithRequantise`: each tensor crossing between a charged target's partition and another
+    partition costs fixed + per element, on the charged side; graph inputs and outputs are no
+    crossings, and other targets pay nothing."""
+    g = load_graph(unary_chain(["Relu", "Sigmoid", "Relu"], width=8))  # 8-element tensors
+    cands = _cands(g, ["ort-cpu", "openvino-cpu"], depth=1)
+
+    def one(target: str, first: int):
+        return next(c for c in cands if c.target.id == target and c.sub_graph.first == first)
+
+    rq = WithRequantise(ZeroTransitionModel(), {"openvino-cpu": Requantise(1e-6, 1e-7)})
+    assert rq.label == "zero+requantise"
+    each = 1e-6 + 8 * 1e-7
+    assert static_penalty_s(g, one("openvino-cpu", 1), rq) == pytest.approx(2 * each)
+    assert static_penalty_s(g, one("openvino-cpu", 0), rq) == pytest.approx(each)  # out only
+    assert static_penalty_s(g, one("openvino-cpu", 2), rq) == pytest.approx(each)  # in only
+    assert static_penalty_s(g, one("ort-cpu", 1), rq) == 0.0
+    # the wrappers pass it on
+    cut = WithCutCosts(rq, {"openvino-cpu": 0.0})
+    assert cut.requantise_s(T["openvino-cpu"], 8) == pytest.approx(each)
