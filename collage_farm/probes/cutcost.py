@@ -10,7 +10,11 @@ bench/results/cut-diagnostics-vm.md), and the transformer cuts cost almost nothi
 belongs to the cut, not to either candidate, and it depends on the model (layouts, tensor
 sizes, what the neighbour leaves in the caches), so it is measured per model:
 
-1. cut the model into ``chunks`` contiguous runs of its topological order;
+1. cut the model into ``chunks`` contiguous runs of its topological order; where a target's
+   toolchain builds partitions as slices of one compilation of the whole model (LiteRT:
+   `Toolchain.slice_cuts`), each bound moves to the nearest position where that compilation
+   can be cut, and the chunks of that target are built from it: one lowering of the whole
+   model instead of a conversion per chunk (`PlanBuilder.executor`, ``sliced``);
 2. build, per target, the chain with every chunk on that target, and, per ordered pair of
    targets (A, B), the chain alternating A, B, A, ...; chains a target cannot run are skipped;
 3. run all chains interleaved (rounds of a few runs each, so the machine's drift hits every
@@ -51,7 +55,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +71,7 @@ from runners.registry import get_toolchain
 log = logging.getLogger(__name__)
 
 __all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
-           "cut_fingerprint", "measure_cut_costs"]
+           "cut_fingerprint", "measure_cut_costs", "slice_cuts"]
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
@@ -156,12 +160,30 @@ class CutCosts:
         return out
 
 
-def chunk_masks(graph: DataflowGraph, chunks: int) -> list[int]:
-    """``chunks`` contiguous runs of the topological order (node bitsets), none empty."""
+def chunk_masks(graph: DataflowGraph, chunks: int,
+                cuts: Collection[int] | None = None) -> list[int]:
+    """``chunks`` contiguous runs of the topological order (node bitsets), none empty. With
+    ``cuts`` (positions between nodes: `Toolchain.slice_cuts`), each inner bound, left to
+    right, moves to the nearest position in ``cuts`` (the earlier of two as near) that lies
+    after the bound before it and before the next bound, where there is one."""
     n = len(graph.nodes)
     k = max(1, min(int(chunks), n))
     bounds = [round(i * n / k) for i in range(k + 1)]
+    for i in range(1, k):
+        near = [p for p in cuts or () if bounds[i - 1] < p < bounds[i + 1]]
+        if near:
+            bounds[i] = min(near, key=lambda p: (abs(p - bounds[i]), p))
     return [sum(1 << j for j in range(bounds[i], bounds[i + 1])) for i in range(k)]
+
+
+def slice_cuts(builder: PlanBuilder, targets: Sequence[Target]) -> frozenset[int] | None:
+    """Where every target whose toolchain builds slices of one whole compilation can cut
+    ``builder``'s graph (`Toolchain.slice_cuts` on the builder's `WholeGraph`); None when no
+    target's toolchain does."""
+    found = [get_toolchain(tc).slice_cuts(builder.whole)
+             for tc in dict.fromkeys(t.toolchain for t in targets)]
+    sets = [c for c in found if c is not None]
+    return frozenset.intersection(*sets) if sets else None
 
 
 def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks: int = 6,
@@ -175,11 +197,12 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     many times per round as fill `WHOLES_MIN_ROUND_S` (at least once) instead of
     ``runs_per_round`` (module docstring, step 3)."""
     t0 = time.perf_counter()
-    masks = chunk_masks(graph, chunks)
+    k = max(1, min(int(chunks), len(graph.nodes)))
     targets = list(dict.fromkeys(targets))
-    if len(masks) < 2 or len(targets) < 2:
-        return CutCosts({t.id: 0.0 for t in targets}, len(masks), 0)
+    if k < 2 or len(targets) < 2:
+        return CutCosts({t.id: 0.0 for t in targets}, k, 0)
     builder = builder or PlanBuilder(graph, threads=1)
+    masks = chunk_masks(graph, k, slice_cuts(builder, targets))
     layouts: dict[str, list[Target]] = {t.id: [t] * len(masks) for t in targets}
     if wholes:
         layouts.update({f"{t.id}@whole": [t] for t in targets})
@@ -197,7 +220,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
         try:
             parts = [Part(m, t) for m, t in zip(masks, ts)] if len(ts) == len(masks) \
                 else [Part(graph.all_mask, ts[0])]
-            ex = builder.executor(parts)
+            ex = builder.executor(parts, sliced=True)
             first, _ = ex.measure_in_chain(1, warmup=1)  # binds, warms, proves it runs
             if wholes and first[0] < WHOLES_MIN_ROUND_S:  # it sizes the rounds: warm it more
                 first, _ = ex.measure_in_chain(1)

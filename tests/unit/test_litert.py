@@ -326,3 +326,37 @@ print("delegated", h.xnnpack_partitions)
     assert "delegated" in r.stdout
     assert "XNNPACK" not in r.stderr, r.stderr
     assert "kept while captured" in r.stderr
+
+
+def test_sliced_partitions_come_from_one_lowering_or_are_converted_alone(tc, monkeypatch) -> None:
+    """A sliced executor's LiteRT partitions are cut from the whole graph's one lowering where
+    it can be cut at both ends, and converted alone (a build of their own) where not; either
+    way the plan gives ONNX Runtime's outputs. The whole graph's lowering is made once per
+    builder."""
+    from collage_farm.execute.builder import Part, PlanBuilder
+    from collage_farm.probes.cutcost import chunk_masks
+    from runners.tflite.prefix import Lowered
+
+    built: list[str] = []
+    build = type(tc).build
+
+    def counted(self, inp):  # type: ignore[no-untyped-def]
+        built.append(inp.label)
+        return build(self, inp)
+    monkeypatch.setattr(type(tc), "build", counted)
+    model = zoo.build("mnist")
+    g = load_graph(model)
+    b = PlanBuilder(g)
+    cuts = Lowered.of_whole(b.whole).cuts()
+    masks = chunk_masks(g, 4)  # bounds 3, 6, 8: 6 lies inside a fusion
+    bounds = [m.bit_count() for m in masks]
+    assert bounds[0] in cuts and bounds[0] + bounds[1] not in cuts
+    ex = b.executor([Part(m, LT_T) for m in masks], sliced=True)
+    assert sorted(built) == ["p001", "p002"]  # the two chunks that touch position 6
+    feeds = random_inputs(model, seed=5)
+    for name, ref in _ort_outputs(model, feeds).items():
+        np.testing.assert_allclose(ex.run(feeds)[name], ref, rtol=RTOL, atol=ATOL)
+    b.executor([Part(g.all_mask, LT_T)], sliced=True)
+    assert len(built) == 2  # the whole model is the lowering itself
+    b.executor([Part(masks[0], LT_T)])
+    assert built[2:] == ["p000"]  # unsliced: its own conversion, cached apart from the slice
