@@ -263,6 +263,9 @@ def test_probe_cuts_litert_chunks_from_one_lowering(monkeypatch) -> None:  # typ
                            runs_per_round=2, builder=builder, wholes=True)
     assert not cc.skipped and "litert-cpu" in cc.chain_s and "litert-cpu@whole" in cc.chain_s
     assert len(lowerings) == 1  # the whole model's, for its cuts, every chunk and itself
+    assert set(cc.steps_s) == {"cuts_s", "build_s", "warm_s", "rounds_s"}
+    assert 0 < sum(cc.steps_s.values()) <= cc.wall_s + 0.01
+    assert cc.to_json()["steps_s"] == cc.steps_s
     cuts = Lowered.of_whole(builder.whole).cuts()
     masks = chunk_masks(graph, 4, cuts)
     assert masks != chunk_masks(graph, 4)  # mnist's even bounds fall inside a fusion
