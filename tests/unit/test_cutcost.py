@@ -4,6 +4,7 @@ probe."""
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import duckdb
 import pytest
@@ -251,18 +252,13 @@ def test_probe_cuts_litert_chunks_from_one_lowering(monkeypatch) -> None:  # typ
     if get_toolchain("litert").available() is not None:
         pytest.skip("litert unavailable")
     graph = load_source("zoo:mnist")
-    lowerings: list[int] = []
-    real = Lowered.of
-
-    def counting(model):  # type: ignore[no-untyped-def]
-        lowerings.append(1)
-        return real(model)
-    monkeypatch.setattr(Lowered, "of", staticmethod(counting))
+    lowerings = mock.Mock(side_effect=Lowered.of)
+    monkeypatch.setattr(Lowered, "of", lowerings)
     builder = PlanBuilder(graph)
     cc = measure_cut_costs(graph, [T["ort-cpu"], litert], chunks=4, rounds=1,
                            runs_per_round=2, builder=builder, wholes=True)
     assert not cc.skipped and "litert-cpu" in cc.chain_s and "litert-cpu@whole" in cc.chain_s
-    assert len(lowerings) == 1  # the whole model's, for its cuts, every chunk and itself
+    assert lowerings.call_count == 1  # the whole model's, for its cuts, every chunk and itself
     assert set(cc.steps_s) == {"cuts_s", "build_s", "warm_s", "rounds_s"}
     assert 0 < sum(cc.steps_s.values()) <= cc.wall_s + 0.01
     assert cc.to_json()["steps_s"] == cc.steps_s
