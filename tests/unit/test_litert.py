@@ -10,6 +10,7 @@ image sizes so the file stays within its time budget.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -207,6 +208,28 @@ def test_interpreters_are_cached_per_artifact(tc) -> None:
     for _ in range(3):
         assert tc.handle_for(a.fingerprint, a.artifact, LT_T, 1) == (ha, True)
         assert tc.handle_for(b.fingerprint, b.artifact, LT_T, 1) == (hb, True)
+
+
+def test_a_timer_keys_only_artifacts_it_has_seen(tc, monkeypatch) -> None:
+    """A timer of a build this process made reuses its cached interpreter; a timer of bytes
+    never keyed here (a profile's prefix, written just now) makes its own interpreter and
+    hashes nothing."""
+    import dataclasses
+
+    from runners import onnx_base
+
+    a = tc.build(BuildInput("aaaa0003", LT_T, zoo.build("mnist").SerializeToString()))
+    assert a.ok
+    hashed = mock.Mock(side_effect=onnx_base.artifact_digest)
+    monkeypatch.setattr(onnx_base, "artifact_digest", hashed)
+    made = mock.Mock(side_effect=type(tc)._make)
+    monkeypatch.setattr(type(tc), "_make", lambda self, d, n: made(self, d, n))
+    cfg = MeasureConfig(rounds=1, min_round_runs=2, warmup_runs=1)
+    assert len(tc.timer(a, cfg)(cfg)) >= 1
+    assert hashed.call_count == 0 and made.call_count == 0  # the build's own interpreter
+    fresh = dataclasses.replace(a, artifact=bytes(bytearray(a.artifact)))
+    assert len(tc.timer(fresh, cfg)(cfg)) >= 1
+    assert hashed.call_count == 0 and made.call_count == 1  # its own, not keyed
 
 
 def test_plan_partitions_hold_their_interpreters_past_the_cache_bound(tc, monkeypatch) -> None:
