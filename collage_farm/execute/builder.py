@@ -55,8 +55,8 @@ class PlanBuilder:
     ``sliced`` executors (the cut-cost probe's chunks) hand every partition with the builder's
     `WholeGraph`: a toolchain that can cut one compilation of the whole graph (LiteRT,
     `Toolchain.slice_cuts`) builds the partition as a slice of it, compiled once per builder;
-    such a session is cached apart from the partition compiled alone (the whole model's
-    excepted: its slice is the whole compilation).
+    such a session is cached apart from the partition compiled alone, except the whole
+    model's (its slice is the whole compilation itself: the same operators).
     """
 
     def __init__(self, graph: DataflowGraph, *, threads: int = 1,
