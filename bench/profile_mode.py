@@ -105,7 +105,18 @@ def phases(label: str, mode: str, s: dict[str, Any]) -> str:
             f"{ref.get('skipped_by_estimate', 0)} skipped by the estimate, "
             f"{ref.get('skipped_timed_later', 0)} as whole models the never-worse run times; "
             f"never-worse "
-            f"{s.get('verify_rounds')} of {s.get('verify_rounds_limit')} rounds")
+            f"{s.get('verify_rounds')} of {s.get('verify_rounds_limit')} rounds{_probe(s)}")
+
+
+def _probe(s: dict[str, Any]) -> str:
+    """The cut-cost probe's own steps (its ``steps_s``: measured wall seconds), when it ran
+    now."""
+    cc = s.get("cut_costs") or {}
+    steps = cc.get("steps_s") or {}
+    if not steps:
+        return ""
+    parts = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in steps.items())
+    return f"; cut-cost probe {cc.get('wall_s', 0.0):.1f} s measured wall ({parts})"
 
 
 def ratios(label: str, res: dict[str, dict[str, Any]], e2e: dict[str, float]) -> str:

@@ -29,7 +29,7 @@ from collage_farm.core.target import Target
 if TYPE_CHECKING:
     from collage_farm.core.graph import DataflowGraph, Node
     from runners.profile import Profiler
-    from runners.runtime import PartitionRuntime, RuntimeInput
+    from runners.runtime import PartitionRuntime, RuntimeInput, WholeGraph
 
 
 class Status(str, enum.Enum):
@@ -444,6 +444,17 @@ class Toolchain(abc.ABC):
         """
         raise RuntimeUnavailable(f"partition {inp.id}: toolchain {self.name} cannot run plan "
                                  "partitions (it has no runtime)")
+
+    def slice_cuts(self, whole: WholeGraph) -> frozenset[int] | None:
+        """Where `runtime` can cut one compilation of ``whole``'s graph into slices: the
+        positions p (0 < p < nodes, in the graph's node order) between two nodes at which the
+        compiled whole can be split. A partition given with ``whole`` (`RuntimeInput.whole`)
+        that is a contiguous run of nodes starting and ending at such positions (or the
+        graph's ends) is built as a slice of that compilation, which may differ from the
+        partition compiled alone (the whole model's fusions and layouts); any other is
+        compiled alone. None (the default): this toolchain compiles every partition alone
+        and ignores ``whole``."""
+        return None
 
 
 class Runner(abc.ABC):

@@ -52,6 +52,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 import os
 import statistics
 import sys
@@ -82,7 +83,13 @@ from runners.measure import flush_for, summarize, time_callable
 from runners.onnx_base import DigestMemo
 from runners.profile import Profiler
 from runners.profilers import ConvertedPrefixProfiler
-from runners.runtime import PartitionRuntime, RuntimeInput, generic_runtime
+from runners.runtime import (
+    PartitionRuntime,
+    RuntimeInput,
+    WholeGraph,
+    generic_runtime,
+    runner_runtime,
+)
 from runners.tflite import CONVERTER_REVISION, ConversionError, IOSpec, convertible
 from runners.tflite.prefix import Lowered
 
@@ -91,6 +98,8 @@ if TYPE_CHECKING:
     from collage_farm.core.target import Target
 
 __all__ = ["LiteRTCapabilities", "LiteRTToolchain"]
+
+log = logging.getLogger(__name__)
 
 #: handles kept per worker: enough for every LiteRT partition of a plan, bounded in bytes so a
 #: measuring worker does not hold many whole-model interpreters (XNNPACK packs a weight copy)
@@ -409,8 +418,12 @@ class LiteRTToolchain(Toolchain):
         """`Toolchain.timer`: the interpreter made and its inputs bound once; each call times
         ``invoke`` (plus the layout boundary, as `measure` does). The function holds the
         interpreter alive whatever the handle cache evicts (a transformer's prefixes are
-        larger than its bound). Raises when the build cannot run."""
-        handle, _, boundary_s = self._ready(build, config)
+        larger than its bound). Raises when the build cannot run. An artifact this process
+        has not keyed a handle by yet (a profile's prefix, written just now) gets an
+        interpreter of its own, outside the handle cache: nothing else would reuse it, and
+        keying it hashes every byte (~1.4 s for the five prefixes of gpt2-2L)."""
+        handle, _, boundary_s = self._ready(build, config,
+                                            cached=self._digest.knows(build.artifact))
 
         def timed(cfg: MeasureConfig) -> list[float]:
             samples, _ = time_callable(handle.interp.invoke, cfg,
@@ -418,14 +431,16 @@ class LiteRTToolchain(Toolchain):
             return [x + boundary_s for x in samples]
         return timed
 
-    def _ready(self, build: BuildResult, config: MeasureConfig
+    def _ready(self, build: BuildResult, config: MeasureConfig, cached: bool = True
                ) -> tuple[_Handle, bool, float]:
-        """(interpreter handle, reused, layout boundary seconds) with inputs bound and run once;
-        raises `_NotReady` with the status a measurement fails with."""
+        """(interpreter handle, reused, layout boundary seconds) with inputs bound and run once
+        (``cached``: the handle from / kept in the handle cache; else made for the caller
+        alone); raises `_NotReady` with the status a measurement fails with."""
         threads = max(1, int(config.threads))
         try:  # the artifact may come from another node: make the interpreter here
-            handle, reused = self.handle_for(build.fingerprint, build.artifact, build.target,
-                                             threads)
+            handle, reused = (self.handle_for(build.fingerprint, build.artifact, build.target,
+                                              threads) if cached
+                              else (self._make(build.artifact, threads), False))
         except Exception as e:
             msg = error_text(e)
             raise _NotReady(classify_build_error(msg), msg) from e
@@ -562,5 +577,36 @@ class LiteRTToolchain(Toolchain):
 
     def runtime(self, inp: RuntimeInput) -> PartitionRuntime:
         """A plan partition: built once, its interpreter held (`runner_for`), each run as
-        `run_outputs` (`generic_runtime`)."""
+        `run_outputs` (`generic_runtime`). Given with its whole graph (`RuntimeInput.whole`),
+        it is written from the whole graph's one lowering instead (`Lowered.slice`; the whole
+        model itself: `Lowered.whole`), where that lowering can be cut at its ends; else
+        converted alone."""
+        if inp.whole is not None:
+            try:
+                return self._slice_runtime(inp, inp.whole)
+            except Exception as e:  # not cuttable there, or no whole lowering: alone
+                log.debug("partition %s converted alone: %s", inp.id, e)
         return generic_runtime(self, inp)
+
+    def slice_cuts(self, whole: WholeGraph) -> frozenset[int] | None:
+        """Where the whole graph's fp32 lowering can be cut (`Lowered.cuts`); None when it
+        cannot be lowered whole (every partition is converted alone)."""
+        try:
+            return Lowered.of_whole(whole).cuts()
+        except Exception:
+            return None
+
+    def _slice_runtime(self, inp: RuntimeInput, whole: WholeGraph) -> PartitionRuntime:
+        """`runtime` from the whole graph's lowering; raises where it cannot be cut (or
+        LiteRT is missing). Its interpreter is made here and held by the runtime (no handle
+        cache: a slice is made once per partition)."""
+        why = self.available()
+        if why:
+            raise RuntimeError(why)
+        lowered = Lowered.of_whole(whole)
+        if set(inp.nodes) >= {n.name for n in whole.graph.nodes}:
+            data = lowered.whole().tflite
+        else:
+            data = lowered.slice(inp.nodes, inp.inputs, inp.outputs)
+        handle = self._make(data, inp.threads)
+        return runner_runtime(inp, self.name, lambda feeds: _run_handle(handle, feeds))

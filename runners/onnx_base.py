@@ -115,6 +115,11 @@ class DigestMemo:
     def __len__(self) -> int:
         return len(self._memo)
 
+    def knows(self, data: bytes) -> bool:
+        """Whether ``data`` (this very object) was digested and is still remembered."""
+        hit = self._memo.get(id(data))
+        return hit is not None and hit[0] is data
+
     def clear(self) -> None:
         self._memo.clear()
         self._bytes = 0

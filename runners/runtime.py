@@ -15,6 +15,11 @@ Toolchains with their own runtime: ONNX Runtime CPU (`runners.ort`), the CUDA an
 execution providers (`runners.cuda`), OpenVINO (`runners.openvino_cpu`), Vela (simulated latency,
 int8 numerics: `runners.runtime_sim`). `generic_runtime` serves any toolchain that can
 ``build`` a partition and run the artifact with ``run_outputs`` (LiteRT).
+
+A caller that builds many partitions of one graph (the cut-cost probe's chunks) may hand each
+with its `WholeGraph` and node names (`RuntimeInput.whole`, ``nodes``): a toolchain whose
+compiler can cut one compilation of the whole graph into partitions (`Toolchain.slice_cuts`:
+LiteRT) builds it as such a slice, compiling the whole graph once per `WholeGraph`.
 """
 
 from __future__ import annotations
@@ -22,14 +27,42 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from collage_farm.core.target import CPU0, Target, VirtualDevice
 from runners.base import BuildInput, Kind, RuntimeUnavailable, Toolchain
 
-__all__ = ["SIMULATED_TOOLCHAINS", "PartitionRuntime", "RuntimeInput", "generic_runtime"]
+if TYPE_CHECKING:
+    from collage_farm.core.graph import DataflowGraph
+
+__all__ = ["SIMULATED_TOOLCHAINS", "PartitionRuntime", "RuntimeInput", "WholeGraph",
+           "generic_runtime", "runner_runtime"]
+
+class WholeGraph:
+    """A graph whose partitions a toolchain may build as slices of one compilation of the
+    whole graph (`RuntimeInput.whole`), and those compilations, kept per key for as long as
+    this object lives: its holder (`collage_farm.execute.builder.PlanBuilder`) decides how
+    long a whole compilation stays in memory."""
+
+    def __init__(self, graph: DataflowGraph) -> None:
+        self.graph = graph
+        self._made: dict[str, tuple[bool, Any]] = {}
+
+    def compiled(self, key: str, compile: Callable[[DataflowGraph], Any]) -> Any:
+        """``compile(graph)``, made once per ``key``; what it raised is raised again on every
+        later call (a graph a compiler cannot take whole is not tried twice)."""
+        if key not in self._made:
+            try:
+                self._made[key] = (True, compile(self.graph))
+            except Exception as e:
+                self._made[key] = (False, e)
+        ok, value = self._made[key]
+        if not ok:
+            raise value
+        return value
+
 
 #: toolchains whose partitions are never timed: their latency is the simulator's estimate (Vela)
 #: or a cycle model's (the Cortex-M host of an Ethos-U board, `runners.cortex_m`)
@@ -59,6 +92,11 @@ class RuntimeInput:
     threads: int = 1
     tensor_ranges: tuple[tuple[str, float, float], ...] = ()
     channel_means: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    #: the whole graph the partition is cut from, with the partition's node names in it, for
+    #: a toolchain that builds partitions as slices of one whole compilation (module
+    #: docstring); None: the partition is built from ``onnx_bytes`` alone
+    whole: WholeGraph | None = None
+    nodes: tuple[str, ...] = ()
 
     def target_on(self, toolchain: str, device: VirtualDevice = CPU0) -> Target:
         """The partition's target on ``device``, with its options."""
@@ -125,7 +163,7 @@ def generic_runtime(tc: Toolchain, inp: RuntimeInput) -> PartitionRuntime:
     build = tc.build(BuildInput(f"exec-{inp.id}", t, inp.onnx_bytes, label=inp.id))
     if not build.ok:
         raise RuntimeUnavailable(f"partition {inp.id}: {tc.name} build failed: {build.error}")
-    inputs, outputs, threads = inp.inputs, inp.outputs, inp.threads
+    threads = inp.threads
     runner_for = getattr(tc, "runner_for", None)
     try:
         run: Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]] = (
@@ -134,6 +172,16 @@ def generic_runtime(tc: Toolchain, inp: RuntimeInput) -> PartitionRuntime:
     except Exception as e:
         raise RuntimeUnavailable(f"partition {inp.id}: {tc.name} cannot load its build: "
                                  f"{type(e).__name__}: {e}") from e
+    return runner_runtime(inp, tc.name, run)
+
+
+def runner_runtime(inp: RuntimeInput, toolchain: str,
+                   run: Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]]
+                   ) -> PartitionRuntime:
+    """A measured runtime whose every run, bound or not, is one ``run(feeds)`` call (named
+    ONNX-layout arrays in, named outputs out) whose outputs are copied into the bound
+    buffers."""
+    inputs, outputs = inp.inputs, inp.outputs
 
     def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         res = run({n: feeds[n] for n in inputs})
@@ -150,4 +198,4 @@ def generic_runtime(tc: Toolchain, inp: RuntimeInput) -> PartitionRuntime:
 
         return step
 
-    return PartitionRuntime.of(inp, tc.name, Kind.MEASURED, tc.name, plain, bind)
+    return PartitionRuntime.of(inp, toolchain, Kind.MEASURED, toolchain, plain, bind)

@@ -20,7 +20,7 @@ from collage_farm.core.target import Target
 from collage_farm.execute.executor import PlanExecutor, make_runtime
 from collage_farm.execute.numerics import compare_outputs, reference_outputs
 from runners.calibration import INT8_TOOLCHAINS, calibrate, channel_means
-from runners.runtime import PartitionRuntime
+from runners.runtime import PartitionRuntime, WholeGraph
 
 __all__ = ["Part", "PlanBuilder"]
 
@@ -51,6 +51,12 @@ class PlanBuilder:
     outputs (the whole model in ONNX Runtime CPU on seeded feeds) are computed once. Partitions
     on int8 toolchains are quantised with the whole graph's ranges (`runners.calibration`,
     on ``calibration``'s samples: seeded random by default), as the campaign costed them.
+
+    ``sliced`` executors (the cut-cost probe's chunks) hand every partition with the builder's
+    `WholeGraph`: a toolchain that can cut one compilation of the whole graph (LiteRT,
+    `Toolchain.slice_cuts`) builds the partition as a slice of it, compiled once per builder;
+    such a session is cached apart from the partition compiled alone, except the whole
+    model's (its slice is the whole compilation itself: the same operators).
     """
 
     def __init__(self, graph: DataflowGraph, *, threads: int = 1,
@@ -58,14 +64,18 @@ class PlanBuilder:
         self.graph = graph
         self.threads = threads
         self.calibration = calibration or CalibrationData.random()
-        self._cache: dict[tuple[int, str], PartitionRuntime] = {}
+        self._cache: dict[tuple[int, str, bool], PartitionRuntime] = {}
         self._models: OrderedDict[int, bytes] = OrderedDict()  # mask -> extracted model
         self._reference: dict[str, np.ndarray] | None = None
         self._feeds: dict[str, np.ndarray] | None = None
+        #: the graph's whole compilations, for sliced partitions (kept as long as the builder)
+        self.whole = WholeGraph(graph)
 
-    def runtime(self, k: int, part: Part, estimated_s: float = 0.0) -> PartitionRuntime:
-        """Partition ``k`` of a plan (id ``p<k>``), its session reused when cached."""
-        key = (part.mask, part.target.id)
+    def runtime(self, k: int, part: Part, estimated_s: float = 0.0, *,
+                sliced: bool = False) -> PartitionRuntime:
+        """Partition ``k`` of a plan (id ``p<k>``), its session reused when cached;
+        ``sliced``: possibly a slice of the whole graph's compilation (class docstring)."""
+        key = (part.mask, part.target.id, sliced and part.mask != self.graph.all_mask)
         rt = self._cache.get(key)
         if rt is None:
             sg = SubGraph(self.graph, part.mask)
@@ -77,7 +87,9 @@ class PlanBuilder:
                               tensor_ranges=calibrate(self.graph, data=self.calibration)
                               if int8 else None,
                               channel_means=channel_means(self.graph, data=self.calibration)
-                              if int8 else None)
+                              if int8 else None,
+                              whole=self.whole if sliced else None,
+                              nodes=[n.name for n in sg.nodes] if sliced else ())
             # bindings are independent: ORT and OpenVINO bind per executor, LiteRT's generic
             # runtime sets its inputs on every run (a conversion is seconds on a transformer)
             if part.target.toolchain in ("ort-cpu", "openvino", "litert"):
@@ -100,10 +112,11 @@ class PlanBuilder:
                 self._models.popitem(last=False)
         return data
 
-    def executor(self, parts: Sequence[Part], estimates: Sequence[float] | None = None
-                 ) -> PlanExecutor:
+    def executor(self, parts: Sequence[Part], estimates: Sequence[float] | None = None, *,
+                 sliced: bool = False) -> PlanExecutor:
+        """An executor of ``parts`` in order (``sliced``: `runtime`)."""
         est = list(estimates) if estimates is not None else [0.0] * len(parts)
-        rts = [self.runtime(k, p, e) for k, (p, e) in enumerate(zip(parts, est))]
+        rts = [self.runtime(k, p, e, sliced=sliced) for k, (p, e) in enumerate(zip(parts, est))]
         return PlanExecutor.from_runtimes(rts, self.graph.graph_inputs,
                                           self.graph.graph_outputs, self.graph.model)
 

@@ -68,7 +68,7 @@ from runners.base import Kind, MeasureConfig, RuntimeUnavailable, Summary
 from runners.calibration import INT8_TOOLCHAINS, calibrate, channel_means
 from runners.measure import time_callable
 from runners.registry import get_toolchain
-from runners.runtime import PartitionRuntime, RuntimeInput
+from runners.runtime import PartitionRuntime, RuntimeInput, WholeGraph
 
 __all__ = ["CALIBRATION_KEY", "PlanExecutor", "Timing", "make_runtime"]
 
@@ -80,13 +80,16 @@ def make_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs: Seq
                  outputs: Sequence[str], est: float, options: Mapping[str, Any] | None = None,
                  threads: int = 1, *,
                  tensor_ranges: Mapping[str, tuple[float, float]] | None = None,
-                 channel_means: Mapping[str, np.ndarray] | None = None
+                 channel_means: Mapping[str, np.ndarray] | None = None,
+                 whole: WholeGraph | None = None, nodes: Sequence[str] = ()
                  ) -> PartitionRuntime:
     """Partition ``pid`` (ONNX bytes ``data``) as ``toolchain``'s runtime; its target's
     ``threads`` option wins over ``threads``; ``tensor_ranges`` are the whole model's
     calibrated ranges, for a toolchain that builds int8 (`INT8_TOOLCHAINS`), and
     ``channel_means`` the same calibration's per-channel means, for a 16x8 target
-    (``activations: int16``). Raises `PlanError` when it cannot run here."""
+    (``activations: int16``); ``whole`` and ``nodes``: the graph the partition is cut from
+    and its node names there, for a toolchain that builds slices of one whole compilation
+    (`RuntimeInput.whole`). Raises `PlanError` when it cannot run here."""
     opts = dict(options or {})
     threads = int(opts.get("threads", threads) or threads)
     int8 = toolchain in INT8_TOOLCHAINS
@@ -95,7 +98,7 @@ def make_runtime(pid: str, target: str, toolchain: str, data: bytes, inputs: Seq
     means = (tuple((k, tuple(float(x) for x in v)) for k, v in sorted(channel_means.items()))
              if channel_means and int8 and opts.get("activations") == "int16" else ())
     inp = RuntimeInput(pid, target, data, tuple(inputs), tuple(outputs), est,
-                       tuple(sorted(opts.items())), threads, ranges, means)
+                       tuple(sorted(opts.items())), threads, ranges, means, whole, tuple(nodes))
     try:
         return get_toolchain(toolchain).runtime(inp)
     except RuntimeUnavailable as e:

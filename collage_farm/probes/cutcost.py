@@ -10,7 +10,11 @@ bench/results/cut-diagnostics-vm.md), and the transformer cuts cost almost nothi
 belongs to the cut, not to either candidate, and it depends on the model (layouts, tensor
 sizes, what the neighbour leaves in the caches), so it is measured per model:
 
-1. cut the model into ``chunks`` contiguous runs of its topological order;
+1. cut the model into ``chunks`` contiguous runs of its topological order; where a target's
+   toolchain builds partitions as slices of one compilation of the whole model (LiteRT:
+   `Toolchain.slice_cuts`), each bound moves to the nearest position where that compilation
+   can be cut, and the chunks of that target are built from it: one lowering of the whole
+   model instead of a conversion per chunk (`PlanBuilder.executor`, ``sliced``);
 2. build, per target, the chain with every chunk on that target, and, per ordered pair of
    targets (A, B), the chain alternating A, B, A, ...; chains a target cannot run are skipped;
 3. run all chains interleaved (rounds of a few runs each, so the machine's drift hits every
@@ -51,7 +55,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +71,7 @@ from runners.registry import get_toolchain
 log = logging.getLogger(__name__)
 
 __all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
-           "cut_fingerprint", "measure_cut_costs"]
+           "cut_fingerprint", "measure_cut_costs", "slice_cuts"]
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
@@ -103,6 +107,10 @@ class CutCosts:
     #: chain label -> median seconds of each of its chunks inside it (read back from the
     #: table: the all-target chains only, by target id; empty for rows that predate them)
     chunk_s: dict[str, list[float]] = field(default_factory=dict)
+    #: where the probe's wall seconds went (measured now; else empty): ``cuts_s`` (chunk
+    #: bounds, a slicing toolchain's whole compilation included), ``build_s`` (the chains'
+    #: sessions), ``warm_s`` (each chain's warm-up and proving runs), ``rounds_s``
+    steps_s: dict[str, float] = field(default_factory=dict)
 
     def row_details(self, tid: str) -> tuple[tuple[str, Any], ...]:
         """Target ``tid``'s cost-table row details (`cached_cut_costs`; `from_rows` reads
@@ -153,15 +161,35 @@ class CutCosts:
             out["chunk_bytes"] = list(self.chunk_bytes)
         if self.chunk_s:
             out["chunk_s"] = {k: list(v) for k, v in self.chunk_s.items()}
+        if self.steps_s:
+            out["steps_s"] = dict(self.steps_s)
         return out
 
 
-def chunk_masks(graph: DataflowGraph, chunks: int) -> list[int]:
-    """``chunks`` contiguous runs of the topological order (node bitsets), none empty."""
+def chunk_masks(graph: DataflowGraph, chunks: int,
+                cuts: Collection[int] | None = None) -> list[int]:
+    """``chunks`` contiguous runs of the topological order (node bitsets), none empty. With
+    ``cuts`` (positions between nodes: `Toolchain.slice_cuts`), each inner bound, left to
+    right, moves to the nearest position in ``cuts`` (the earlier of two as near) that lies
+    after the bound before it and before the next bound, where there is one."""
     n = len(graph.nodes)
     k = max(1, min(int(chunks), n))
     bounds = [round(i * n / k) for i in range(k + 1)]
+    for i in range(1, k):
+        near = [p for p in cuts or () if bounds[i - 1] < p < bounds[i + 1]]
+        if near:
+            bounds[i] = min(near, key=lambda p: (abs(p - bounds[i]), p))
     return [sum(1 << j for j in range(bounds[i], bounds[i + 1])) for i in range(k)]
+
+
+def slice_cuts(builder: PlanBuilder, targets: Sequence[Target]) -> frozenset[int] | None:
+    """Where every target whose toolchain builds slices of one whole compilation can cut
+    ``builder``'s graph (`Toolchain.slice_cuts` on the builder's `WholeGraph`); None when no
+    target's toolchain does."""
+    found = [get_toolchain(tc).slice_cuts(builder.whole)
+             for tc in dict.fromkeys(t.toolchain for t in targets)]
+    sets = [c for c in found if c is not None]
+    return frozenset.intersection(*sets) if sets else None
 
 
 def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks: int = 6,
@@ -175,11 +203,13 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     many times per round as fill `WHOLES_MIN_ROUND_S` (at least once) instead of
     ``runs_per_round`` (module docstring, step 3)."""
     t0 = time.perf_counter()
-    masks = chunk_masks(graph, chunks)
+    k = max(1, min(int(chunks), len(graph.nodes)))
     targets = list(dict.fromkeys(targets))
-    if len(masks) < 2 or len(targets) < 2:
-        return CutCosts({t.id: 0.0 for t in targets}, len(masks), 0)
+    if k < 2 or len(targets) < 2:
+        return CutCosts({t.id: 0.0 for t in targets}, k, 0)
     builder = builder or PlanBuilder(graph, threads=1)
+    masks = chunk_masks(graph, k, slice_cuts(builder, targets))
+    steps = {"cuts_s": time.perf_counter() - t0}
     layouts: dict[str, list[Target]] = {t.id: [t] * len(masks) for t in targets}
     if wholes:
         layouts.update({f"{t.id}@whole": [t] for t in targets})
@@ -187,25 +217,9 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
         for b in targets:
             if a.id != b.id:
                 layouts[f"{a.id}/{b.id}"] = [a if j % 2 == 0 else b for j in range(len(masks))]
-    chains: dict[str, Any] = {}
-    runs: dict[str, int] = {}  # chain label -> runs per round
-    skipped: list[str] = []
-    for label, ts in layouts.items():
-        if "/" in label and not all(t.id in chains for t in ts):
-            skipped.append(f"{label}: a single-target chain failed")
-            continue
-        try:
-            parts = [Part(m, t) for m, t in zip(masks, ts)] if len(ts) == len(masks) \
-                else [Part(graph.all_mask, ts[0])]
-            ex = builder.executor(parts)
-            first, _ = ex.measure_in_chain(1, warmup=1)  # binds, warms, proves it runs
-            if wholes and first[0] < WHOLES_MIN_ROUND_S:  # it sizes the rounds: warm it more
-                first, _ = ex.measure_in_chain(1)
-            chains[label] = ex
-            runs[label] = (_runs_to_fill(WHOLES_MIN_ROUND_S, first[0]) if wholes
-                           else runs_per_round)
-        except Exception as e:  # an op a target cannot run in some chunk, a build error
-            skipped.append(f"{label}: {type(e).__name__}: {str(e)[:160]}")
+    chains, runs, skipped = _ready_chains(builder, masks, layouts, wholes, runs_per_round,
+                                          steps)
+    t1 = time.perf_counter()
     ids = {label: [rt.id for rt in ex.partitions] for label, ex in chains.items()}
     samples: dict[str, dict[str, list[float]]] = {k: {} for k in chains}
     totals: dict[str, list[float]] = {k: [] for k in chains}
@@ -219,6 +233,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
         done += 1
         if time.perf_counter() - t0 > time_budget_s:
             break
+    steps["rounds_s"] = time.perf_counter() - t1
     # median seconds of chunk j inside each chain, by position
     med = {label: [statistics.median(samples[label][pid]) for pid in ids[label]]
            for label in chains}
@@ -233,11 +248,47 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     wholes_s = {t.id: chain_s[f"{t.id}@whole"] for t in targets if f"{t.id}@whole" in chain_s}
     out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0,
                    same_cuts=same, wholes_s=wholes_s, runs=runs, charges=charges,
-                   chunk_bytes=nbytes, chunk_s=med)
+                   chunk_bytes=nbytes, chunk_s=med,
+                   steps_s={k: round(v, 3) for k, v in steps.items()})
     log.info("cut costs for %s: %s (%d chunks, %d rounds, %.1f s)", graph.name,
              {k: f"{c.fixed_s * 1e6:.0f} us + {c.per_byte_s * 1e9:.2f} us/KB"
               for k, c in charges.items()}, len(masks), done, out.wall_s)
     return out
+
+
+def _ready_chains(builder: PlanBuilder, masks: Sequence[int],
+                  layouts: dict[str, list[Target]], wholes: bool, runs_per_round: int,
+                  steps: dict[str, float]
+                  ) -> tuple[dict[str, Any], dict[str, int], list[str]]:
+    """Each chain of ``layouts`` built (its chunks, or the whole model for a one-target
+    layout), warmed and proved to run (module docstring, step 3): (chain label -> executor,
+    chain label -> runs per round, skipped chains with why). Adds the seconds spent building
+    (``build_s``) and warming (``warm_s``) to ``steps``."""
+    chains: dict[str, Any] = {}
+    runs: dict[str, int] = {}
+    skipped: list[str] = []
+    whole = builder.graph.all_mask
+    for label, ts in layouts.items():
+        if "/" in label and not all(t.id in chains for t in ts):
+            skipped.append(f"{label}: a single-target chain failed")
+            continue
+        t0 = time.perf_counter()
+        try:
+            parts = [Part(m, t) for m, t in zip(masks, ts)] if len(ts) == len(masks) \
+                else [Part(whole, ts[0])]
+            ex = builder.executor(parts, sliced=True)
+            t1 = time.perf_counter()
+            steps["build_s"] = steps.get("build_s", 0.0) + t1 - t0
+            first, _ = ex.measure_in_chain(1, warmup=1)  # binds, warms, proves it runs
+            if wholes and first[0] < WHOLES_MIN_ROUND_S:  # it sizes the rounds: warm it more
+                first, _ = ex.measure_in_chain(1)
+            steps["warm_s"] = steps.get("warm_s", 0.0) + time.perf_counter() - t1
+            chains[label] = ex
+            runs[label] = (_runs_to_fill(WHOLES_MIN_ROUND_S, first[0]) if wholes
+                           else runs_per_round)
+        except Exception as e:  # an op a target cannot run in some chunk, a build error
+            skipped.append(f"{label}: {type(e).__name__}: {str(e)[:160]}")
+    return chains, runs, skipped
 
 
 def _mixed_points(layouts: dict[str, list[Target]], med: dict[str, list[float]],

@@ -3,6 +3,9 @@ probe."""
 
 from __future__ import annotations
 
+import itertools
+from unittest import mock
+
 import duckdb
 import pytest
 from hypothesis import given, settings
@@ -28,6 +31,8 @@ from collage_farm.probes.cutcost import (
 )
 from collage_farm.zoo.source import load_source
 from runners.base import DeviceDescription, Kind, MeasureConfig, MeasureResult, Status, Summary
+from runners.registry import get_toolchain
+from runners.tflite.prefix import Lowered
 from tests.strategies import unary_chain
 
 
@@ -219,3 +224,45 @@ def test_rows_written_before_the_fit_charge_their_constant(tmp_path) -> None:
     for nbytes in (None, 64, 10**6):
         assert tm.cut_s(T["openvino-cpu"], nbytes) == pytest.approx(
             90e-6 + base.cut_s(T["openvino-cpu"], nbytes))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 12), st.sets(st.integers(1, 39)))
+def test_chunk_bounds_move_to_the_nearest_cut_and_still_cover(n: int, k: int,
+                                                              cuts: set[int]) -> None:
+    g = _chain(n)
+    cuts = {p for p in cuts if p < n}
+    masks = chunk_masks(g, k, cuts)
+    assert len(masks) == min(k, n) and all(masks) and sum(masks) == g.all_mask
+    flat = [i for m in masks for i in iter_bits(m)]
+    assert flat == list(range(n))  # still contiguous runs in order
+    plain = [0, *itertools.accumulate(m.bit_count() for m in chunk_masks(g, k))]
+    bounds = [0, *itertools.accumulate(m.bit_count() for m in masks)]
+    for i in range(1, len(bounds) - 1):  # a cut between the moved bound before and the next
+        near = [p for p in cuts if bounds[i - 1] < p < plain[i + 1]]
+        assert (bounds[i] in cuts and all(abs(p - plain[i]) >= abs(bounds[i] - plain[i])
+                                          for p in near)) if near else bounds[i] == plain[i]
+
+
+def test_probe_cuts_litert_chunks_from_one_lowering(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With LiteRT among the targets, the chunk bounds lie where LiteRT's whole lowering can
+    be cut and its chunks and whole model come from that one lowering: no conversion of its
+    own per chunk (`PlanBuilder.executor`, ``sliced``)."""
+    litert = T["litert-cpu"]
+    if get_toolchain("litert").available() is not None:
+        pytest.skip("litert unavailable")
+    graph = load_source("zoo:mnist")
+    lowerings = mock.Mock(side_effect=Lowered.of)
+    monkeypatch.setattr(Lowered, "of", lowerings)
+    builder = PlanBuilder(graph)
+    cc = measure_cut_costs(graph, [T["ort-cpu"], litert], chunks=4, rounds=1,
+                           runs_per_round=2, builder=builder, wholes=True)
+    assert not cc.skipped and "litert-cpu" in cc.chain_s and "litert-cpu@whole" in cc.chain_s
+    assert lowerings.call_count == 1  # the whole model's, for its cuts, every chunk and itself
+    assert set(cc.steps_s) == {"cuts_s", "build_s", "warm_s", "rounds_s"}
+    assert 0 < sum(cc.steps_s.values()) <= cc.wall_s + 0.01
+    assert cc.to_json()["steps_s"] == cc.steps_s
+    cuts = Lowered.of_whole(builder.whole).cuts()
+    masks = chunk_masks(graph, 4, cuts)
+    assert masks != chunk_masks(graph, 4)  # mnist's even bounds fall inside a fusion
+    assert all(b in cuts for b in itertools.accumulate(m.bit_count() for m in masks[:-1]))

@@ -10,6 +10,7 @@ image sizes so the file stays within its time budget.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -209,6 +210,28 @@ def test_interpreters_are_cached_per_artifact(tc) -> None:
         assert tc.handle_for(b.fingerprint, b.artifact, LT_T, 1) == (hb, True)
 
 
+def test_a_timer_keys_only_artifacts_it_has_seen(tc, monkeypatch) -> None:
+    """A timer of a build this process made reuses its cached interpreter; a timer of bytes
+    never keyed here (a profile's prefix, written just now) makes its own interpreter and
+    hashes nothing."""
+    import dataclasses
+
+    from runners import onnx_base
+
+    a = tc.build(BuildInput("aaaa0003", LT_T, zoo.build("mnist").SerializeToString()))
+    assert a.ok
+    hashed = mock.Mock(side_effect=onnx_base.artifact_digest)
+    monkeypatch.setattr(onnx_base, "artifact_digest", hashed)
+    made = mock.Mock(side_effect=type(tc)._make)
+    monkeypatch.setattr(type(tc), "_make", lambda self, d, n: made(self, d, n))
+    cfg = MeasureConfig(rounds=1, min_round_runs=2, warmup_runs=1)
+    assert len(tc.timer(a, cfg)(cfg)) >= 1
+    assert hashed.call_count == 0 and made.call_count == 0  # the build's own interpreter
+    fresh = dataclasses.replace(a, artifact=bytes(bytearray(a.artifact)))
+    assert len(tc.timer(fresh, cfg)(cfg)) >= 1
+    assert hashed.call_count == 0 and made.call_count == 1  # its own, not keyed
+
+
 def test_plan_partitions_hold_their_interpreters_past_the_cache_bound(tc, monkeypatch) -> None:
     """A plan's LiteRT partitions never remake an interpreter inside a run, however small the
     handle cache's byte bound: each holds its own (`LiteRTToolchain.runner_for`). With the
@@ -326,3 +349,37 @@ print("delegated", h.xnnpack_partitions)
     assert "delegated" in r.stdout
     assert "XNNPACK" not in r.stderr, r.stderr
     assert "kept while captured" in r.stderr
+
+
+def test_sliced_partitions_come_from_one_lowering_or_are_converted_alone(tc, monkeypatch) -> None:
+    """A sliced executor's LiteRT partitions are cut from the whole graph's one lowering where
+    it can be cut at both ends, and converted alone (a build of their own) where not; either
+    way the plan gives ONNX Runtime's outputs. The whole graph's lowering is made once per
+    builder."""
+    from collage_farm.execute.builder import Part, PlanBuilder
+    from collage_farm.probes.cutcost import chunk_masks
+    from runners.tflite.prefix import Lowered
+
+    built: list[str] = []
+    build = type(tc).build
+
+    def counted(self, inp):  # type: ignore[no-untyped-def]
+        built.append(inp.label)
+        return build(self, inp)
+    monkeypatch.setattr(type(tc), "build", counted)
+    model = zoo.build("mnist")
+    g = load_graph(model)
+    b = PlanBuilder(g)
+    cuts = Lowered.of_whole(b.whole).cuts()
+    masks = chunk_masks(g, 4)  # bounds 3, 6, 8: 6 lies inside a fusion
+    bounds = [m.bit_count() for m in masks]
+    assert bounds[0] in cuts and bounds[0] + bounds[1] not in cuts
+    ex = b.executor([Part(m, LT_T) for m in masks], sliced=True)
+    assert sorted(built) == ["p001", "p002"]  # the two chunks that touch position 6
+    feeds = random_inputs(model, seed=5)
+    for name, ref in _ort_outputs(model, feeds).items():
+        np.testing.assert_allclose(ex.run(feeds)[name], ref, rtol=RTOL, atol=ATOL)
+    b.executor([Part(g.all_mask, LT_T)], sliced=True)
+    assert len(built) == 2  # the whole model is the lowering itself
+    b.executor([Part(masks[0], LT_T)])
+    assert built[2:] == ["p000"]  # unsliced: its own conversion, cached apart from the slice
