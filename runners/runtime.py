@@ -50,12 +50,13 @@ class WholeGraph:
         self.graph = graph
         self._made: dict[str, tuple[bool, Any]] = {}
 
-    def compiled(self, key: str, compile: Callable[[DataflowGraph], Any]) -> Any:
-        """``compile(graph)``, made once per ``key``; what it raised is raised again on every
-        later call (a graph a compiler cannot take whole is not tried twice)."""
+    def compiled(self, key: str, make: Callable[[DataflowGraph], Any]) -> Any:
+        """``make(graph)`` (a compiler's whole-graph lowering), made once per ``key``; what it
+        raised is raised again on every later call (a graph a compiler cannot take whole is not
+        tried twice)."""
         if key not in self._made:
             try:
-                self._made[key] = (True, compile(self.graph))
+                self._made[key] = (True, make(self.graph))
             except Exception as e:
                 self._made[key] = (False, e)
         ok, value = self._made[key]
