@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_LINKS",
     "AnalyticTransitionModel",
     "ConfiguredTransitionModel",
+    "LayeredTransitionModel",
     "Link",
     "MeasuredTransitionModel",
     "Requantise",
@@ -108,20 +109,11 @@ class Requantise:
 
 
 @dataclass(frozen=True)
-class WithRequantise(TransitionModel):
-    """``base`` plus a requantisation of every tensor crossing between a partition on one of
-    ``charges``' targets (by id) and another partition: on an Ethos-U board whose partitions
-    exchange int8 tensors, a 16x8 NPU partition's inputs from and outputs to them pass an
-    int8 <-> int16 QUANTIZE on the host. Charged per target, not per pair: two adjacent
-    partitions on such targets (which could exchange int16 directly) are charged too, a
-    deliberate over-charge of a split the search has no reason to make."""
+class LayeredTransitionModel(TransitionModel):
+    """A model that adds one charge to ``base``: every penalty it does not override is
+    ``base``'s (`WithRequantise`, `WithCutCosts`)."""
 
     base: TransitionModel
-    charges: Mapping[str, Requantise]
-
-    @property
-    def label(self) -> str:  # type: ignore[override]
-        return f"{self.base.label}+requantise"
 
     def launch_s(self, target: Target) -> float:
         return self.base.launch_s(target)
@@ -136,21 +128,40 @@ class WithRequantise(TransitionModel):
         return self.base.cut_s(target, nbytes)
 
     def requantise_s(self, target: Target, elements: int) -> float:
+        return self.base.requantise_s(target, elements)
+
+
+@dataclass(frozen=True)
+class WithRequantise(LayeredTransitionModel):
+    """``base`` plus a requantisation of every tensor crossing between a partition on one of
+    ``charges``' targets (by id) and another partition: on an Ethos-U board whose partitions
+    exchange int8 tensors, a 16x8 NPU partition's inputs from and outputs to them pass an
+    int8 <-> int16 QUANTIZE on the host. Charged per target, not per pair: two adjacent
+    partitions on such targets (which could exchange int16 directly) are charged too, a
+    deliberate over-charge of a split the search has no reason to make."""
+
+    charges: Mapping[str, Requantise] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"{self.base.label}+requantise"
+
+    def requantise_s(self, target: Target, elements: int) -> float:
         own = self.charges.get(target.id)
         return ((own.cost(elements) if own is not None else 0.0)
                 + self.base.requantise_s(target, elements))
 
 
 @dataclass(frozen=True)
-class WithCutCosts(TransitionModel):
+class WithCutCosts(LayeredTransitionModel):
     """``base`` plus measured per-target cut costs for one model (`collage_farm.probes.cutcost`).
 
     A cut of known size into a target with a fitted ``charges`` line is charged by its bytes;
     otherwise (no bytes given, or a probe read back from rows that predate the fit) the
     target's one figure in ``cuts``."""
 
-    base: TransitionModel
-    cuts: Mapping[str, float]  # target id -> seconds per cut into a partition on it
+    #: target id -> seconds per cut into a partition on it
+    cuts: Mapping[str, float] = field(default_factory=dict)
     #: target id -> seconds per cut by the bytes entering the partition
     charges: Mapping[str, CutCharge] = field(default_factory=dict)
 
@@ -158,23 +169,11 @@ class WithCutCosts(TransitionModel):
     def label(self) -> str:  # type: ignore[override]
         return f"{self.base.label}+cuts"
 
-    def launch_s(self, target: Target) -> float:
-        return self.base.launch_s(target)
-
-    def handoff_s(self, target: Target, nbytes: int) -> float:
-        return self.base.handoff_s(target, nbytes)
-
-    def transfer_s(self, src: VirtualDevice, dst: VirtualDevice, nbytes: int) -> float:
-        return self.base.transfer_s(src, dst, nbytes)
-
     def cut_s(self, target: Target, nbytes: int | None = None) -> float:
         fit = self.charges.get(target.id)
         own = (fit.cost(nbytes) if fit is not None and nbytes is not None
                else max(0.0, float(self.cuts.get(target.id, 0.0))))
         return own + self.base.cut_s(target, nbytes)
-
-    def requantise_s(self, target: Target, elements: int) -> float:
-        return self.base.requantise_s(target, elements)
 
 
 @dataclass(frozen=True)
