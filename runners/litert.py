@@ -36,15 +36,10 @@ end-to-end region, on an interpreter the partition holds: `runner_for`) transpos
 inputs into the NHWC input buffers, invokes, and transposes the outputs out into new arrays
 (one copy each way). The crossing is timed once per candidate (median of a few crossings,
 `_bind_inputs`) and **added to every sample** (details: ``layout_boundary_s``,
-``boundary_in_cost=True``): a cost is what the partition costs in a plan. (Before, it was
-left out and LiteRT partitions looked cheaper than they ran: on
-resnet18-64, a chain of 6 LiteRT chunks ran ~1.2 ms over the whole model,
-bench/results/cut-diagnostics-vm.md.)
+``boundary_in_cost=True``): a cost is what the partition costs in a plan.
 
-Feeds are seeded from the fingerprint exactly as `collage_farm.core.graph.random_inputs` seeds them
-for the ONNX model (float32 standard normal per input, integers in [0, 4) for integer inputs such
-as token ids, in graph-input order), so LiteRT sees the same data as ONNX Runtime and OpenVINO
-for the same candidate.
+Feeds are seeded from the fingerprint as `collage_farm.core.graph.random_inputs` seeds them for
+the ONNX model, so LiteRT sees the same data as ONNX Runtime and OpenVINO for a candidate.
 """
 
 from __future__ import annotations
