@@ -162,7 +162,8 @@ def write_plan(plan: Plan, graph: DataflowGraph, result: SearchResult, out_dir: 
     ones it ran): the file is those bytes with the partition's graph name and properties
     appended as a second serialised `onnx.ModelProto`, which protobuf merges into the first
     when the file is read (a few hundred MB of a transformer are then neither extracted nor
-    serialised again). Without it, each partition is extracted here."""
+    serialised again). Without it, each partition is extracted here. Partition files of an
+    earlier plan in ``out_dir`` that this one does not name are removed after plan.json."""
     out = Path(out_dir)
     (out / "partitions").mkdir(parents=True, exist_ok=True)
     check_cover(plan, graph)
@@ -183,7 +184,16 @@ def write_plan(plan: Plan, graph: DataflowGraph, result: SearchResult, out_dir: 
             data = model.SerializeToString()
         _atomic_write(out / entry.file, data)
     _atomic_write(out / PLAN_FILE, json.dumps(plan.to_json(), indent=2).encode())
+    _remove_stale(out, {entry.file for entry in plan.partitions})
     return out / PLAN_FILE
+
+
+def _remove_stale(out: Path, keep: set[str]) -> None:
+    """Partition files an earlier plan left in ``out`` (``partitions/pNNN_*.onnx`` that the
+    plan.json just written does not name): a directory holds one plan's files."""
+    for f in (out / "partitions").glob("p[0-9][0-9][0-9]_*.onnx"):
+        if f.relative_to(out).as_posix() not in keep:
+            f.unlink(missing_ok=True)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -90,6 +90,10 @@ def test_a_plan_that_fails_int8_is_searched_again_with_16_bit_activations(
     line = next(ln for ln in printed.getvalue().splitlines() if ln.startswith("accuracy"))
     assert "passed" in line and "failed" in line and "16-bit" in line
     assert s["phases_s"]["accuracy"] > 0
+    # the directory holds the written plan's files only, not the refused plan's
+    files = {p.name for p in (tmp_path / "out" / "partitions").iterdir()}
+    assert files == {Path(p["file"]).name for p in json.loads(
+        (tmp_path / "out" / "plan.json").read_text())["partitions"]}
     # offline on the table the campaign left: the same two searches, the same plan
     off = run_tune(_opts(tmp_path / "offline", model, estimator="offline",
                          cost_table=tmp_path / "out" / "costs"))
@@ -118,3 +122,14 @@ def test_wider_targets_widen_only_int8_npus() -> None:
     assert dict(wide[1].options)["optimise"] == "Size"
     assert wider_targets(wide) is None  # nothing left to widen: no third search
     assert wider_targets([m55]) is None
+
+
+def test_a_check_that_cannot_run_is_an_error_verdict_not_a_crash(tmp_path: Path,
+                                                                 model: Path) -> None:
+    run_tune(_opts(tmp_path, model, accuracy_check=False))
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    (tmp_path / "out" / plan["partitions"][0]["file"]).write_bytes(b"not an onnx model")
+    check = check_plan(tmp_path / "out", [BUILTIN_TARGETS["ethos-u65-256"]], None)
+    assert check.verdict is AccuracyVerdict.ERROR and not check.ok
+    assert plan["partitions"][0]["file"].split("/")[-1] in check.message
+    assert wider_targets([BUILTIN_TARGETS["cortex-m55"]]) is None
