@@ -178,11 +178,12 @@ def _print_board(model: str, out: dict[str, Any], args: argparse.Namespace) -> i
         print(json.dumps(out, indent=2, default=str))
         return 0
     best = min((v for _, v in rows), default=None)
+    w = max([14, *(len(k) for k in (*out["simulated_s"], *out["errors"]))])  # -a16 names
     print(f"{model}: {out['figures']}; transitions {out['transition']}")
     for k, v in rows:
-        print(f"  {k:14s} {fmt_ms(v):>14s}  {v / best:6.2f}x  (simulated)" if best else k)
+        print(f"  {k:{w}s} {fmt_ms(v):>14s}  {v / best:6.2f}x  (simulated)" if best else k)
     for k, e in out["errors"].items():
-        print(f"  {k:14s} no figure: {' '.join(e.split())[:200]}")
+        print(f"  {k:{w}s} no figure: {' '.join(e.split())[:200]}")
     if out.get("vela_whole_source"):
         print(f"vela-whole split: {out['vela_whole_source']}")
     if "plot" in out:

@@ -30,6 +30,8 @@ from collage_farm.cli.tune import print_summary
 from collage_farm.config import load_config
 from collage_farm.core.graph import MAX_IR_VERSION
 from collage_farm.core.target import BUILTIN_TARGETS
+from collage_farm.execute import PlanExecutor
+from runners.base import Summary
 
 
 def _outlier_model() -> onnx.ModelProto:
@@ -94,6 +96,12 @@ def test_a_plan_that_fails_int8_is_searched_again_with_16_bit_activations(
     files = {p.name for p in (tmp_path / "out" / "partitions").iterdir()}
     assert files == {Path(p["file"]).name for p in json.loads(
         (tmp_path / "out" / "plan.json").read_text())["partitions"]}
+    # `run`'s simulated figure is the plan's estimate: partitions and their boundaries
+    ex = PlanExecutor(tmp_path / "out")
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert ex.timing(Summary.of([0.0])).simulated_s == pytest.approx(
+        sum(p["estimated_s"] + p["penalty_s"] for p in plan["partitions"]))
+    assert ex.timing(Summary.of([0.0])).simulated_s == pytest.approx(s["estimated_total_s"])
     # offline on the table the campaign left: the same two searches, the same plan
     off = run_tune(_opts(tmp_path / "offline", model, estimator="offline",
                          cost_table=tmp_path / "out" / "costs"))
