@@ -41,6 +41,12 @@ comparison with Vela whole are never estimates. ``exhaustive`` measures every
 candidate the search asks for in isolation (the behaviour before profiles). Profile mode
 applies to the estimator the campaign builds; a caller's own estimator is used as is.
 
+On an Ethos-U board the written plan is then checked as ``run`` checks it (int8 numerics
+against the fp32 model) and, when it fails, the board is searched once more with 16-bit NPU
+activations into the same ``--out`` (`collage_farm.campaign.accuracy`; summary key
+``accuracy``); a 16x8 NPU partition's crossings to int8 ones pay the host's requantisation
+(`collage_farm.campaign.costs.with_requantise`).
+
 The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
 keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
 ``search_s`` and the campaign statistics; measured campaigns add ``plan_measured_s``,
