@@ -155,15 +155,20 @@ def _compiled_split(graph: DataflowGraph, board: Board,
             f"made ({type(e).__name__}: {msg})"))
     why = [None if p.on_npu else (p.reason, p.source) for p in placed.nodes]
     compared = list(cap)
+    moved = 0
     if board.npu.option("activations") == "int16":  # 16x8's own limit on the int8 compile
         for i, node in enumerate(graph.nodes):
             wide = wide_softmax_why(node, graph) if node.op_type == "Softmax" else None
             if why[i] is None and wide is not None:
                 why[i] = (wide, PlacementSource.CAPABILITY)
                 compared[i] = None  # the int8 compile cannot know it: not a disagreement
+                moved += 1
     dis = _compare(graph, placed, compared)
     note = placed.describe() + (f"; {len(dis)} node(s) placed otherwise by the capability "
                                 "check" if dis else "; the capability check agrees")
+    if moved:
+        note += (f"; {moved} Softmax node(s) over rows the 16x8 kernel does not resolve moved "
+                 f"to the host (the compile is int8, {board.npu.id} is 16x8)")
     return _split(graph, board, why, SplitSource.VELA_COMPILE, note, dis)
 
 

@@ -151,4 +151,5 @@ def test_a_16x8_board_leaves_a_long_softmax_row_to_the_host() -> None:
     assert split.source is SplitSource.VELA_COMPILE and not split.disagreements
     assert [(p.node, p.source) for p in split.on_host] == [("soft", PlacementSource.CAPABILITY)]
     assert "rows of 200 entries" in split.on_host[0].reason
+    assert "1 Softmax node(s)" in split.note and "16x8" in split.note
     assert [_names(graph, p.mask) for p in split.parts] == [["fc"], ["soft"]]
