@@ -23,7 +23,11 @@ every operator's kernel (CMSIS-NN or reference), MACs, bytes and cycles, mapped 
 ONNX nodes it implements.
 
 Options: ``core`` (``cortex-m55`` for the U55 / U65 boards, ``cortex-m85`` for the U85 ones)
-picks the model. Plan partitions on this target are not timed here: the plan executor adds the
+picks the model; ``activations: int16`` (the catalogue's ``cortex-m55-a16`` / ``cortex-m85-a16``)
+writes integer partitions as TFLite 16x8 (int16 activations, int8 weights, biases corrected
+with the calibration's channel means, as the NPU's ``-a16`` targets) priced with the host
+model's int16 kernels, and maps a Softmax over rows the int16 kernel does not resolve in fp32.
+Plan partitions on this target are not timed here: the plan executor adds the
 estimate and computes the numerics with the int8 TFLite in LiteRT (fp32 ONNX Runtime where the
 partition is float), as for Vela's partitions (`runners.runtime_sim`).
 """
@@ -47,11 +51,18 @@ from runners.base import (
     Status,
     Toolchain,
 )
-from runners.deterministic import ConversionFailed, convert_for_build, one_sample, row_fields
+from runners.deterministic import (
+    ConversionFailed,
+    activation_bits,
+    convert_for_build,
+    one_sample,
+    row_fields,
+    wide_softmax_why,
+)
 from runners.host_model import HOST_MODEL_REVISION, HostModel, host_model
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.runtime_sim import simulated_runtime
-from runners.tflite import CONVERTER_REVISION, ConvertedModel, convertible
+from runners.tflite import CONVERTER_REVISION, ActivationBits, ConvertedModel, convertible
 from runners.tflite.params import _gelu_chain
 
 if TYPE_CHECKING:
@@ -64,10 +75,13 @@ __all__ = ["CortexMCapabilities", "CortexMToolchain", "host_mode", "host_of", "j
 DEFAULT_CORE = "cortex-m55"
 
 
-def host_mode(node: Node, graph: DataflowGraph) -> tuple[str | None, str | None]:
+def host_mode(node: Node, graph: DataflowGraph, wide: bool = False
+              ) -> tuple[str | None, str | None]:
     """(the precision the converter maps ``node`` in, "int8" before "fp32"; why not, if
-    neither)."""
-    if convertible(node, graph, "int8") is None:
+    neither). ``wide``: a 16x8 host target, whose int16 SOFTMAX does not resolve long rows
+    (`runners.deterministic.wide_softmax_why`): such a Softmax is mapped in fp32."""
+    if convertible(node, graph, "int8") is None and not (
+            wide and node.op_type == "Softmax" and wide_softmax_why(node, graph)):
         return "int8", None
     why = convertible(node, graph, "fp32")
     return ("fp32", None) if why is None else (None, why)
@@ -99,12 +113,14 @@ def host_of(target: Target) -> HostModel:
     return host_model(str(target.option("core", DEFAULT_CORE) or DEFAULT_CORE))
 
 
-def price(conv: ConvertedModel, host: HostModel) -> dict[str, Any]:
-    """The host model's cost of a converted model: total, per operator, boundary conversions."""
+def price(conv: ConvertedModel, host: HostModel, wide: bool = False) -> dict[str, Any]:
+    """The host model's cost of a converted model: total, per operator, boundary conversions
+    (``wide``: an integer model written 16x8, priced with the int16 kernels)."""
     ops = []
     cycles = 0.0
+    mode = "int16" if wide and conv.mode == "int8" else conv.mode
     for info in conv.ops:
-        c = host.op_cost(info.op, conv.mode, info.macs, info.bytes, info.out_bytes)
+        c = host.op_cost(info.op, mode, info.macs, info.bytes, info.out_bytes)
         ops.append({**c.to_json(), "index": info.index, "nodes": list(info.nodes)})
         cycles += c.cycles
     boundary = 0.0
@@ -113,7 +129,7 @@ def price(conv: ConvertedModel, host: HostModel) -> dict[str, Any]:
         floats_out = sum(math.prod(s.onnx_shape) for s in conv.outputs)
         boundary = host.fp32_boundary_cycles(floats_in, floats_out)
     total = cycles + boundary
-    return {"mode": conv.mode, "cycles": total, "op_cycles": cycles,
+    return {"mode": mode, "cycles": total, "op_cycles": cycles,
             "boundary_cycles": boundary, "seconds": host.seconds(total), "ops": ops,
             **host.describe()}
 
@@ -160,9 +176,11 @@ class CortexMToolchain(Toolchain):
             graph = load_graph(inp.onnx_bytes)
         except Exception as e:
             return failed(Status.BUILD_FAILED, f"{type(e).__name__}: {e}")
+        bits = activation_bits(inp.target.option("activations"))
+        wide = bits is ActivationBits.INT16
         modes = set()
         for node in graph.nodes:
-            mode, why = host_mode(node, graph)
+            mode, why = host_mode(node, graph, wide)
             if mode is None:
                 return failed(Status.UNSUPPORTED, f"{host.core}: the TFLite converter cannot "
                               f"map {node.op_type} node {node.name!r} ({why})")
@@ -170,10 +188,11 @@ class CortexMToolchain(Toolchain):
         try:
             # the cycle model prices operators, never runs bytes: no flatbuffer is written
             conv, note = convert_for_build(graph, "fp32" if "fp32" in modes else "int8",
-                                           inp.tensor_ranges, write=False)
+                                           inp.tensor_ranges, write=False, activations=bits,
+                                           channel_means=inp.channel_means if wide else ())
         except ConversionFailed as e:
             return failed(e.status, e.error)
-        est = price(conv, host)
+        est = price(conv, host, wide)
         est["ranges"] = note
         # the artifact is what was priced: the TFLite operators and their cycles, as JSON
         ops = json.dumps(est["ops"], sort_keys=True, default=str).encode()

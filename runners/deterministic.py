@@ -20,16 +20,37 @@ from runners.measure import summarize
 from runners.tflite import ActivationBits, ConversionError, ConvertedModel, UnsupportedOp, convert
 
 if TYPE_CHECKING:
-    from collage_farm.core.graph import DataflowGraph
+    from collage_farm.core.graph import DataflowGraph, Node
 
-__all__ = ["ConversionFailed", "activation_bits", "convert_for_build", "one_sample",
-           "row_fields"]
+__all__ = ["A16_SOFTMAX_MAX_ROW", "ConversionFailed", "activation_bits", "convert_for_build",
+           "one_sample", "row_fields", "wide_softmax_why"]
 
 
 def activation_bits(option: object) -> ActivationBits:
     """The activation precision a target's ``activations`` option asks for (``int8``, the
     default, also for None; ``int16``: TFLite's 16x8)."""
     return ActivationBits.INT16 if option == "int16" else ActivationBits.INT8
+
+
+#: longest Softmax row a 16x8 target (``activations: int16``) takes. TFLite's int16 SOFTMAX
+#: reads exp from a table over [-10, 0], so every entry further below its row's maximum counts
+#: e^-10 of the maximum's weight instead of ~0: a row of N entries inflates its sum by up to
+#: N e^-10, and 86 entries keep a probability near 1 within one int8 step (1/256). Measured
+#: in LiteRT's reference kernels on PP-OCRv4 rec's CTC head (rows of 6,625 classes): a top
+#: probability of 0.881 came out 0.653, 60 int8 steps of the output's range
+A16_SOFTMAX_MAX_ROW = 86
+
+
+def wide_softmax_why(node: Node, graph: DataflowGraph) -> str | None:
+    """Why a 16x8 target leaves this Softmax to the host (rows longer than
+    `A16_SOFTMAX_MAX_ROW`), or None."""
+    shape = graph.tensors[node.inputs[0]].shape if node.inputs[0] in graph.tensors else ()
+    axis = int(node.attrs.get("axis", -1))  # type: ignore[arg-type]
+    row = shape[axis] if shape and -len(shape) <= axis < len(shape) else 0
+    if row > A16_SOFTMAX_MAX_ROW:
+        return (f"16x8 softmax over rows of {row} entries: the int16 kernel counts every entry "
+                f"at least e^-10 of the row maximum (rows of at most {A16_SOFTMAX_MAX_ROW})")
+    return None
 
 
 class ConversionFailed(Exception):

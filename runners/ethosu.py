@@ -90,11 +90,13 @@ from runners.base import (
     Toolchain,
 )
 from runners.deterministic import (
+    A16_SOFTMAX_MAX_ROW,
     ConversionFailed,
     activation_bits,
     convert_for_build,
     one_sample,
     row_fields,
+    wide_softmax_why,
 )
 from runners.host_model import HOST_MODEL_REVISION
 from runners.runtime import PartitionRuntime, RuntimeInput
@@ -120,6 +122,7 @@ if TYPE_CHECKING:
     from runners.tflite import ConvertedModel
 
 __all__ = [
+    "A16_SOFTMAX_MAX_ROW",  # runners.deterministic's, where the host and the simulator read it
     "HOST_MODEL",
     "VELA_TFLITE_OPS",
     "HostModel",
@@ -129,6 +132,7 @@ __all__ = [
     "vela_config",
     "vela_estimate",
     "vela_why_not",
+    "wide_softmax_why",
 ]
 
 #: TFLite builtin operators Vela 5.2.0 compiles for Ethos-U55/U65
@@ -186,13 +190,6 @@ MAX_SOFTMAX_HW = 65536  # "product of IFM width and height must be less than 655
 MAX_MEAN_AXIS = 4096  # "Reduced axis must be less than 4096"; 4096 itself compiles
 MAX_MEAN_ELEMENTS = 16777216  # "Amount of reduced elements cannot exceed: 16777216(Int8)"
 MAX_TRANSPOSE_DIM = 65536  # "(H, W, C) <= (2^16, 2^16, 2^16)" for NCHW-type permutations
-#: longest Softmax row a 16x8 target (``activations: int16``) takes. TFLite's int16 SOFTMAX
-#: reads exp from a table over [-10, 0], so every entry further below its row's maximum counts
-#: e^-10 of the maximum's weight instead of ~0: a row of N entries inflates its sum by up to
-#: N e^-10, and 86 entries keep a probability near 1 within one int8 step (1/256). Measured
-#: in LiteRT's reference kernels on PP-OCRv4 rec's CTC head (rows of 6,625 classes): a top
-#: probability of 0.881 came out 0.653, 60 int8 steps of the output's range
-A16_SOFTMAX_MAX_ROW = 86
 
 #: the int8 converter's tag in the toolchain version (cost-table rows of another are not reused);
 #: bumped when the int8 TFLite written for a sub-graph changes (2: BatchNormalization / Mul / Add
@@ -363,18 +360,6 @@ _VELA_CHECKS = {
     "Squeeze": _reshape_why,
     "Unsqueeze": _reshape_why,
 }
-
-
-def wide_softmax_why(node: Node, graph: DataflowGraph) -> str | None:
-    """Why a 16x8 target leaves this Softmax to the host (rows longer than
-    `A16_SOFTMAX_MAX_ROW`), or None."""
-    shape = _shape(graph, node.inputs[0])
-    axis = int(_attr(node, "axis", -1))  # type: ignore[arg-type]
-    row = shape[axis] if shape and -len(shape) <= axis < len(shape) else 0
-    if row > A16_SOFTMAX_MAX_ROW:
-        return (f"16x8 softmax over rows of {row} entries: the int16 kernel counts every entry "
-                f"at least e^-10 of the row maximum (rows of at most {A16_SOFTMAX_MAX_ROW})")
-    return None
 
 
 def vela_why_not(node: Node, graph: DataflowGraph, family: str = "u55") -> str | None:

@@ -48,6 +48,10 @@ Figures and where they come from (Cortex-M55; assumptions, not measured on silic
   moved per element); 20 cycles per byte for LOGISTIC / TANH / EXP and the like (fixed-point
   polynomial evaluations, ~40 cycles per element); 0.5 cycles per byte for pure data movement
   (RESHAPE, CONCATENATION, GATHER, SLICE, ...: a word copy moves 4 bytes in ~2 cycles).
+* 16x8 (int16 activations, int8 weights; the ``-a16`` host targets): CMSIS-NN's s16 kernels
+  for CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, MUL, the pools and SOFTMAX at twice
+  the int8 cycles per MAC (Helium: 4 x 16-bit MACs per cycle) and the int8 cycles per byte
+  (an int16 tensor has twice the bytes); the reference kernel for every other operator.
 * float32 reference kernels: 2 cycles per MAC (one scalar fused multiply-add per cycle, bound by
   its two loads); 1 cycle per byte for arithmetic (4 bytes, ~4 cycles per element); 10 cycles per
   byte for transcendental functions (a libm ``expf`` is ~40 cycles); 0.5 cycles per byte for
@@ -122,6 +126,18 @@ INT8_KERNELS: dict[str, KernelCost] = {
 #: any other int8 operator: the reference kernel, per-element requantisation
 INT8_REFERENCE = KernelCost(_REF, 2.0, 6.0)
 
+#: 16x8 operators (int16 activations, int8 weights) with a CMSIS-NN s16 kernel: convolutions,
+#: fully connected, element-wise ADD / MUL, pooling and SOFTMAX (CMSIS-NN's ``*_s16``
+#: functions). Helium multiplies 4 x 16-bit per cycle against 8 x 8-bit, so a MAC costs twice
+#: its int8 figure; per byte as int8 (the converter counts int16 activations at 2 bytes, so a
+#: tensor already costs twice its int8 bytes)
+INT16_KERNELS: dict[str, KernelCost] = {
+    op: KernelCost(k.library, 2 * k.cycles_per_mac, k.cycles_per_byte)
+    for op, k in INT8_KERNELS.items()
+    if k.library is _REF or op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD",
+                                   "MUL", "MAX_POOL_2D", "AVERAGE_POOL_2D", "SOFTMAX")
+}
+
 #: float32 operators (all reference kernels) whose cost differs from `FP32_REFERENCE`
 FP32_KERNELS: dict[str, KernelCost] = {
     **{op: KernelCost(_REF, 0.0, 0.5) for op in _MOVE_OPS},
@@ -135,7 +151,7 @@ class OpCost:
     """One operator priced by the host model."""
 
     op: str
-    mode: str  # "int8" | "fp32"
+    mode: str  # "int8" | "int16" | "fp32"
     kernel: KernelLibrary
     macs: int
     bytes: int
@@ -158,11 +174,16 @@ class HostModel:
     int8_default: KernelCost = INT8_REFERENCE
     fp32: Mapping[str, KernelCost] = field(default_factory=lambda: dict(FP32_KERNELS))
     fp32_default: KernelCost = FP32_REFERENCE
+    int16: Mapping[str, KernelCost] = field(default_factory=lambda: dict(INT16_KERNELS))
 
     def kernel(self, op: str, mode: str) -> KernelCost:
-        """The kernel TFLM runs for TFLite operator ``op`` in ``mode`` ("int8" | "fp32")."""
+        """The kernel TFLM runs for TFLite operator ``op`` in ``mode`` ("int8" | "int16":
+        16x8 | "fp32"). An int16 operator without a CMSIS-NN s16 kernel runs the reference
+        kernel at its int8 per-byte rate (scalar either way; its bytes are twice int8's)."""
         if mode == "int8":
             return self.int8.get(op, self.int8_default)
+        if mode == "int16":
+            return self.int16.get(op, self.int8_default)
         return self.fp32.get(op, self.fp32_default)
 
     def op_cost(self, op: str, mode: str, macs: int, nbytes: int, out_bytes: int = 0

@@ -49,7 +49,7 @@ import numpy as np
 import onnx
 
 from runners.base import Kind
-from runners.deterministic import activation_bits
+from runners.deterministic import A16_SOFTMAX_MAX_ROW, activation_bits
 from runners.ort import OrtCpuToolchain, ort_session
 from runners.runtime import PartitionRuntime, RuntimeInput
 from runners.tflite import ActivationBits, convert
@@ -71,27 +71,46 @@ class Int8KernelRisk(RuntimeError):
     """An int8 kernel that may abort the process on some inputs: the partition runs fp32."""
 
 
-def softmax_abort_risk(data: bytes) -> str | None:
-    """Why partition ``data``'s int8 model may abort LiteRT (a Softmax whose rows have
-    >= `SOFTMAX_ABORT_ROW` entries), or None. A row length that shape inference cannot tell
-    counts as a risk."""
+def _softmax_rows(data: bytes) -> list[tuple[str, int]]:
+    """(name, row length) of each Softmax of partition ``data`` (0: shape inference cannot
+    tell)."""
     m = onnx.load_from_string(data)
     if not any(n.op_type == "Softmax" for n in m.graph.node):
-        return None
+        return []
     m = onnx.shape_inference.infer_shapes(m)
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0
                        for d in v.type.tensor_type.shape.dim]
               for v in (*m.graph.input, *m.graph.value_info, *m.graph.output)}
+    rows = []
     for n in m.graph.node:
-        if n.op_type != "Softmax":
-            continue
-        shape = shapes.get(n.input[0], [])
-        axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
-        row = shape[axis] if shape and -len(shape) <= axis < len(shape) else 0
+        if n.op_type == "Softmax":
+            shape = shapes.get(n.input[0], [])
+            axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
+            rows.append((n.name or n.output[0],
+                         shape[axis] if shape and -len(shape) <= axis < len(shape) else 0))
+    return rows
+
+
+def softmax_abort_risk(data: bytes) -> str | None:
+    """Why partition ``data``'s int8 model may abort LiteRT (a Softmax whose rows have
+    >= `SOFTMAX_ABORT_ROW` entries), or None. A row length that shape inference cannot tell
+    counts as a risk."""
+    for name, row in _softmax_rows(data):
         if row == 0 or row >= SOFTMAX_ABORT_ROW:
             return (f"LiteRT's int8 reference SOFTMAX can abort the process on rows of "
-                    f">= {SOFTMAX_ABORT_ROW} equal entries; Softmax '{n.name or n.output[0]}' "
+                    f">= {SOFTMAX_ABORT_ROW} equal entries; Softmax '{name}' "
                     f"has rows of {row or 'unknown length'}")
+    return None
+
+
+def wide_softmax_risk(data: bytes) -> str | None:
+    """Why partition ``data`` cannot run 16x8 (a Softmax over rows longer than the int16
+    kernel resolves, `runners.deterministic.A16_SOFTMAX_MAX_ROW`: a 16x8 host target builds
+    such a partition in fp32, and its numerics follow), or None."""
+    for name, row in _softmax_rows(data):
+        if row > A16_SOFTMAX_MAX_ROW:
+            return (f"the 16x8 SOFTMAX does not resolve rows of {row} entries (at most "
+                    f"{A16_SOFTMAX_MAX_ROW}); Softmax '{name}' runs in fp32, as built")
     return None
 
 
@@ -157,7 +176,8 @@ def simulated_runtime(inp: RuntimeInput, toolchain: str) -> PartitionRuntime:
 
     def plain(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if "model" not in state:  # ranges (the whole model's) at the first feeds, convert once
-            risk = softmax_abort_risk(data) if bits is ActivationBits.INT8 else None
+            risk = (softmax_abort_risk(data) if bits is ActivationBits.INT8
+                    else wide_softmax_risk(data))
             if risk:
                 raise Int8KernelRisk(risk)
             ranges, note = partition_ranges(data, given, feeds)

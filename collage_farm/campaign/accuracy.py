@@ -13,14 +13,17 @@ The gate, run after the plan is written:
    feeds), its int8 partitions built with the campaign's calibration, compared with the whole
    model in ONNX Runtime under the int8 tolerance (`collage_farm.execute.numerics`). Seeded and
    deterministic: an offline campaign on the same table decides the same way.
-2. When it fails and the campaign has an int8 NPU target, `wider_targets` gives the same board
-   with every int8 NPU target replaced by its 16x8 variant (option ``activations: int16``: int16
-   activations, int8 weights), and the campaign is searched again on those targets, on the same
-   cost table; the new plan is checked as well. The host targets stay (their kernels are int8
-   or fp32 either way). There is no third try: a plan that fails with 16-bit activations is
-   written with its failure said (`AccuracyVerdict.FAILED`), never silently.
+2. When it fails, `wider_targets` gives the next step of a precision ladder, and the board is
+   searched again on those targets, on the same cost table, and the new plan checked, until a
+   plan passes or the ladder ends: first the NPU's 16x8 variant (option ``activations:
+   int16``: int16 activations, int8 weights) beside the int8 host, each tensor crossing between
+   the two precisions paying the host's requantisation
+   (`collage_farm.campaign.costs.with_requantise`); then the host's 16x8 variant too (CMSIS-NN's
+   s16 kernels; what it cannot run in 16x8 runs in fp32), where every partition is 16-bit and
+   nothing is requantised. A plan that fails at the ladder's end is written with its failure
+   said (`AccuracyVerdict.FAILED`), never silently.
 
-The gate is per campaign, not per partition: the second search may keep no int8 NPU partition
+The gate is per campaign, not per partition: a wider search may keep no int8 NPU partition
 at all, even where one would have passed. A search with accuracy as a constraint per candidate
 would need each candidate's error contribution, which the check of a whole plan does not give.
 """
@@ -116,14 +119,19 @@ def _wide(t: Target) -> Target:
 
 
 def wider_targets(targets: Sequence[Target]) -> tuple[Target, ...] | None:
-    """``targets`` with every int8 Ethos-U NPU target replaced by its 16x8 variant (deduplicated,
-    in order), or None when none of them is an int8 NPU target (nothing left to widen)."""
-    if not any(t.toolchain == "vela" and t.option(WIDE_OPTION[0]) != WIDE_OPTION[1]
-               for t in targets):
-        return None
-    out: list[Target] = []
-    for t in targets:
-        w = _wide(t) if t.toolchain == "vela" else t
-        if w not in out:
-            out.append(w)
-    return tuple(out)
+    """The next step of the precision ladder (deduplicated, in order): with an int8 Ethos-U NPU
+    target among ``targets``, every NPU target replaced by its 16x8 variant (the host kept);
+    else, with an int8 Cortex-M host target, every host target replaced by its 16x8 variant;
+    else None (every target is 16x8 already: nothing left to widen)."""
+    def narrow(t: Target) -> bool:
+        return t.option(WIDE_OPTION[0]) != WIDE_OPTION[1]
+
+    for toolchain in ("vela", "cortex-m"):
+        if any(t.toolchain == toolchain and narrow(t) for t in targets):
+            out: list[Target] = []
+            for t in targets:
+                w = _wide(t) if t.toolchain == toolchain else t
+                if w not in out:
+                    out.append(w)
+            return tuple(out)
+    return None

@@ -164,12 +164,12 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
 
 def with_requantise(targets: Sequence[Target], transition: TransitionModel) -> TransitionModel:
     """``transition`` plus the host's int8 <-> int16 requantisation of every tensor crossing
-    into or out of a 16x8 NPU partition (`WithRequantise`, priced by the board host's cycle
-    model, `runners.host_model.HostModel.requantise_cycles`) when ``targets`` are an Ethos-U
-    board with a 16x8 NPU target (``activations: int16``); else ``transition`` itself."""
+    into or out of a 16x8 partition (`WithRequantise`, priced by the board host's cycle model,
+    `runners.host_model.HostModel.requantise_cycles`) when ``targets`` are an Ethos-U board
+    with both 16x8 (``activations: int16``) and int8 targets; else ``transition`` itself."""
     board = ethos_u_board(targets)
-    wide = [t for t in targets if t.toolchain == "vela" and t.option("activations") == "int16"]
-    if board is None or not wide:
+    wide = [t for t in targets if t.option("activations") == "int16"]
+    if board is None or not wide or len(wide) == len(targets):  # one precision: no crossing
         return transition
     host = host_model(str(board.host.option("core", board.host.name)))
     fixed = host.requantise_cycles(0)

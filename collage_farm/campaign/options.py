@@ -76,7 +76,8 @@ class TuneOptions:
     confirm_rounds: int = 3  # re-measure the chosen path, re-search (`confirm`); 0 disables
     report: bool = True  # report.html + PNGs beside the plan
     # a plan that can hold int8 partitions is checked as `run` checks it, and searched once
-    # more with 16-bit NPU activations when it fails (`collage_farm.campaign.accuracy`)
+    # more with 16-bit activations (NPU, then host) while it fails
+    # (`collage_farm.campaign.accuracy`)
     accuracy_check: bool = True
     # how candidates get costs (`MeasureStrategy`): "profile" (in-network operator profiles,
     # `estimators.profiled`), "exhaustive" (every candidate measured in isolation) or ""

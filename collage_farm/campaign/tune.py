@@ -42,10 +42,10 @@ candidate the search asks for in isolation (the behaviour before profiles). Prof
 applies to the estimator the campaign builds; a caller's own estimator is used as is.
 
 On an Ethos-U board the written plan is then checked as ``run`` checks it (int8 numerics
-against the fp32 model) and, when it fails, the board is searched once more with 16-bit NPU
-activations into the same ``--out`` (`collage_farm.campaign.accuracy`; summary key
-``accuracy``); a 16x8 NPU partition's crossings to int8 ones pay the host's requantisation
-(`collage_farm.campaign.costs.with_requantise`).
+against the fp32 model) and, while it fails, the board is searched again with 16-bit
+activations (the NPU's, then the host's too) into the same ``--out``
+(`collage_farm.campaign.accuracy`; summary key ``accuracy``); a 16x8 partition's crossings to
+int8 ones pay the host's requantisation (`collage_farm.campaign.costs.with_requantise`).
 
 The summary returned (and printed with ``--json``) is a plain dict, so scripts can rely on its
 keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerprints``,
@@ -170,8 +170,8 @@ def _check_out(out: Path) -> None:
 
 def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
     """Run phases 1-4; write the plan to ``opts.out``; where the plan can hold int8
-    partitions, check it as ``run`` will and search once more with 16-bit NPU activations when
-    it fails (`_accuracy_gate`); write the report; return the summary."""
+    partitions, check it as ``run`` will and search again with 16-bit activations while it
+    fails (`_accuracy_gate`); write the report; return the summary."""
     clock = PhaseClock()  # the summary's phases_s: wall seconds per phase, adding up to wall_s
     _check_out(Path(opts.out))  # before anything is measured: the plan must have a home
     graph = load_source(opts.model, opts.shapes, opts.layers, opts.inputs)
@@ -198,28 +198,34 @@ def run_tune(opts: TuneOptions, estimator: CostEstimator | None = None) -> dict:
 
 def _accuracy_gate(opts: TuneOptions, estimator: CostEstimator | None, graph: DataflowGraph,
                    clock: PhaseClock, summary: dict, measured: Any) -> tuple[dict, Any]:
-    """The written plan checked (`check_plan`); when it fails and the board has an int8 NPU
-    target, the campaign searched again with 16-bit NPU activations (`wider_targets`) into the
-    same ``--out`` and checked in turn. The summary returned is the written plan's, with
-    ``accuracy``: its check, and ``first`` (the failed plan's check and estimate) where the
-    campaign searched again."""
-    first = check_plan(opts.out, opts.targets, opts.calibration)
+    """The written plan checked (`check_plan`); while it fails and the precision ladder has a
+    step left (`wider_targets`), the board searched again on wider targets into the same
+    ``--out`` and checked in turn. The summary returned is the written plan's, with
+    ``accuracy``: its check, ``first`` (the campaign's own plan's check and estimate) and
+    ``refused`` (every refused plan's) where the gate searched again."""
+    targets = tuple(opts.targets)
+    check = check_plan(opts.out, targets, opts.calibration)
     clock.lap("accuracy")
-    wide = None if first.ok or first.verdict is AccuracyVerdict.ERROR else wider_targets(
-        opts.targets)
-    if wide is None:
-        summary["accuracy"] = {**first.to_json(), "replanned": False}
-        return summary, measured
-    log.warning("the plan fails the int8 check (%s); searching again with 16-bit NPU "
-                "activations: %s", first.message, ", ".join(t.id for t in wide))
-    failed = {"check": first.to_json(), "estimated_total_s": summary["estimated_total_s"],
-              "measured": summary["measured"], "partitions": summary["partitions"]}
-    again_id = f"{opts.campaign_id}-a16" if opts.campaign_id else ""
-    summary, measured = _campaign(dataclasses.replace(opts, targets=wide, campaign_id=again_id),
-                                  estimator, graph, clock)
-    again = check_plan(opts.out, wide, opts.calibration)
-    clock.lap("accuracy")
-    summary["accuracy"] = {**again.to_json(), "replanned": True, "first": failed}
+    failed: list[dict] = []  # the refused plans, in order
+    while not check.ok and check.verdict is not AccuracyVerdict.ERROR:
+        wide = wider_targets(targets)
+        if wide is None:
+            break
+        log.warning("the plan fails the int8 check (%s); searching again with 16-bit "
+                    "activations: %s", check.message, ", ".join(t.id for t in wide))
+        failed.append({"check": check.to_json(),
+                       "estimated_total_s": summary["estimated_total_s"],
+                       "measured": summary["measured"], "partitions": summary["partitions"]})
+        targets = wide
+        again_id = f"{opts.campaign_id}-a16-{len(failed)}" if opts.campaign_id else ""
+        summary, measured = _campaign(dataclasses.replace(opts, targets=wide,
+                                                          campaign_id=again_id),
+                                      estimator, graph, clock)
+        check = check_plan(opts.out, wide, opts.calibration)
+        clock.lap("accuracy")
+    summary["accuracy"] = {**check.to_json(), "replanned": bool(failed)}
+    if failed:  # ``first``: the campaign's own plan; ``refused``: every plan the gate refused
+        summary["accuracy"].update(first=failed[0], refused=failed)
     return summary, measured
 
 

@@ -129,7 +129,7 @@ def _add_post_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-accuracy-check", action="store_true",
                    help="on an Ethos-U board, do not check the written plan's int8 numerics "
                    "as `run` does (by default a plan that fails is searched once more with "
-                   "16-bit NPU activations)")
+                   "16-bit activations, the NPU's first, then the host's)")
 
 
 def add_tune_parser(sub: argparse._SubParsersAction) -> None:
@@ -314,12 +314,12 @@ def accuracy_line(acc: dict[str, Any], estimated_s: float | None) -> str:
                  else c.get("worst_output") or "")
         return f"{c['verdict']}" + (f" ({worst})" if worst else "")
     line = f"accuracy (`run`'s int8 check of the written plan): {check(acc)}"
-    first = acc.get("first")
-    if first:
-        line += (f"; the first plan ({', '.join(first['check']['targets'])}, simulated "
-                 f"{first['estimated_total_s'] * 1e3:.3f} ms) {check(first['check'])}, so the "
-                 f"board was searched again with 16-bit NPU activations "
-                 f"({', '.join(acc['targets'])})")
+    refused = acc.get("refused") or ([acc["first"]] if acc.get("first") else [])
+    for r in refused:
+        line += (f"; refused: the plan on {', '.join(r['check']['targets'])} (simulated "
+                 f"{r['estimated_total_s'] * 1e3:.3f} ms) {check(r['check'])}")
+    if refused:
+        line += f"; so the board was searched with 16-bit activations ({', '.join(acc['targets'])})"
         if estimated_s is not None:
             line += f": simulated {estimated_s * 1e3:.3f} ms"
     if acc.get("verdict") != "passed":

@@ -168,6 +168,8 @@ def _builtin() -> dict[str, Target]:
                                    {"accelerator_config": accel, "activations": "int16"}))
     for core in CORTEX_M_CORES:
         targets.append(Target.make(core, "cortex-m", MCU0, {"core": core}))
+        targets.append(Target.make(f"{core}{A16_VARIANT}", "cortex-m", MCU0,
+                                   {"core": core, "activations": "int16"}))
     return {t.name: t for t in targets}
 
 

@@ -37,7 +37,8 @@ from collage_farm.core.target import Target
 from collage_farm.execute.builder import Part
 from runners.calibration import calibrate
 from runners.cortex_m import joint_groups
-from runners.ethosu import vela_config, wide_softmax_why
+from runners.deterministic import wide_softmax_why
+from runners.ethosu import vela_config
 from runners.registry import capabilities_for_target
 from runners.vela_placement import NodePlacement, PlacementSource, VelaPlacement, vela_placement
 

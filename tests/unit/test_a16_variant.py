@@ -31,6 +31,7 @@ from runners.ethosu import A16_SOFTMAX_MAX_ROW, VelaToolchain
 from runners.host_model import host_model
 from runners.runtime import RuntimeInput
 from runners.runtime_sim import SOFTMAX_ABORT_ROW
+from runners.tflite import ActivationBits, convert
 
 pytest.importorskip("ethosu.regor")
 litert = pytest.importorskip("ai_edge_litert.interpreter")
@@ -193,9 +194,10 @@ def _softmax(row: int) -> onnx.ModelProto:
 
 def test_long_softmax_rows_leave_a16_for_the_host_and_short_ones_run_int16() -> None:
     """The int16 kernel floors every entry at e^-10 of the row maximum: over 6,625 entries
-    the top probability drops by a quarter, so a 16x8 target refuses such rows; a short row
-    runs in LiteRT's int16 SOFTMAX, which does not abort on >= 512 equal entries as int8's
-    does (`SOFTMAX_ABORT_ROW`: an int8 partition gets the fp32 stand-in there)."""
+    the top probability drops by a quarter, so a 16x8 NPU target refuses such rows, and a 16x8
+    partition holding one (a 16x8 host builds it in fp32) runs fp32 numerics; LiteRT's int16
+    SOFTMAX itself does not abort on >= 512 equal entries as int8's does (`SOFTMAX_ABORT_ROW`:
+    an int8 partition gets the fp32 stand-in there)."""
     tc = VelaToolchain()
     for row, refused in ((A16_SOFTMAX_MAX_ROW, False), (6625, True)):
         g = load_graph(_softmax(row))
@@ -203,9 +205,21 @@ def test_long_softmax_rows_leave_a16_for_the_host_and_short_ones_run_int16() -> 
         assert (why is not None) is refused and tc.capabilities_for_target(U65).why_not(
             g.nodes[0], g) is None
     m = _softmax(SOFTMAX_ABORT_ROW + 88)
-    ranges = tuple((k, lo, hi) for k, (lo, hi) in sorted(calibrate(m).items()))
+    ranges = calibrate(m)
     rt = tc.runtime(RuntimeInput("p0", A16.id, m.SerializeToString(), ("x",), ("y",),
-                                 options=A16.options, tensor_ranges=ranges))
-    y = rt.plain({"x": np.zeros((1, 4, SOFTMAX_ABORT_ROW + 88), np.float32)})["y"]
-    np.testing.assert_allclose(y, 1 / (SOFTMAX_ABORT_ROW + 88), atol=1 / 32768)
-    assert rt.numerics.startswith("litert 16x8") and rt.precision == "int16", rt.numerics
+                                 options=A16.options,
+                                 tensor_ranges=tuple((k, lo, hi)
+                                                     for k, (lo, hi) in sorted(ranges.items()))))
+    x = np.zeros((1, 4, SOFTMAX_ABORT_ROW + 88), np.float32)
+    y = rt.plain({"x": x})["y"]
+    np.testing.assert_allclose(y, 1 / (SOFTMAX_ABORT_ROW + 88), atol=1e-6)
+    assert rt.precision == "fp32" and "16x8 SOFTMAX does not resolve rows of 600" in rt.numerics
+    conv = convert(m, "int8", ranges, activations=ActivationBits.INT16)  # the kernel alone
+    interp = litert.Interpreter(model_content=conv.tflite,
+                                experimental_op_resolver_type=litert.OpResolverType.BUILTIN_REF)
+    interp.allocate_tensors()
+    (i,), (o,) = conv.inputs, conv.outputs
+    interp.set_tensor(i.index, i.to_tflite(x))
+    interp.invoke()
+    np.testing.assert_allclose(o.from_tflite(interp.get_tensor(o.index)),
+                               1 / (SOFTMAX_ABORT_ROW + 88), atol=1 / 32768)

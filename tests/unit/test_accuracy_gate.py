@@ -83,6 +83,7 @@ def test_a_plan_that_fails_int8_is_searched_again_with_16_bit_activations(
     assert first["targets"] == ["ethos-u65-256", "cortex-m55"]
     assert acc["verdict"] == "passed" and acc["worst_steps"] <= 12
     assert s["targets"] == acc["targets"] == ["ethos-u65-256-a16", "cortex-m55"]
+    assert len(acc["refused"]) == 1  # the NPU's 16 bits were enough: the host stays int8
     assert "ethos-u65-256-a16" in s["partitions_per_target"]
     # the written plan is the 16-bit one, and `run` verifies it
     assert main(["run", str(tmp_path / "out"), "--no-singles", "--rounds", "1"]) == 0
@@ -120,16 +121,19 @@ def test_without_the_gate_the_int8_plan_is_written_and_run_refuses_it(
     assert check.verdict is AccuracyVerdict.FAILED and not check.ok
 
 
-def test_wider_targets_widen_only_int8_npus() -> None:
+def test_wider_targets_climb_the_precision_ladder_npu_then_host() -> None:
     u65, m55 = BUILTIN_TARGETS["ethos-u65-256"], BUILTIN_TARGETS["cortex-m55"]
     size = BUILTIN_TARGETS["ethos-u65-256-size"]
-    wide = wider_targets([u65, size, m55])
-    assert wide is not None
-    assert [t.id for t in wide] == ["ethos-u65-256-a16", "ethos-u65-256-size-a16", "cortex-m55"]
-    assert wide[0] == BUILTIN_TARGETS["ethos-u65-256-a16"]  # the catalogue's own variant
-    assert dict(wide[1].options)["optimise"] == "Size"
-    assert wider_targets(wide) is None  # nothing left to widen: no third search
-    assert wider_targets([m55]) is None
+    npu16 = wider_targets([u65, size, m55])
+    assert npu16 is not None
+    assert [t.id for t in npu16] == ["ethos-u65-256-a16", "ethos-u65-256-size-a16", "cortex-m55"]
+    assert npu16[0] == BUILTIN_TARGETS["ethos-u65-256-a16"]  # the catalogue's own variants
+    assert dict(npu16[1].options)["optimise"] == "Size"
+    both16 = wider_targets(npu16)
+    assert both16 is not None and both16[2] == BUILTIN_TARGETS["cortex-m55-a16"]
+    assert both16[:2] == npu16[:2]
+    assert wider_targets(both16) is None  # nothing left to widen
+    assert [t.id for t in wider_targets([m55]) or ()] == ["cortex-m55-a16"]
 
 
 def test_a_check_that_cannot_run_is_an_error_verdict_not_a_crash(tmp_path: Path,
@@ -140,4 +144,41 @@ def test_a_check_that_cannot_run_is_an_error_verdict_not_a_crash(tmp_path: Path,
     check = check_plan(tmp_path / "out", [BUILTIN_TARGETS["ethos-u65-256"]], None)
     assert check.verdict is AccuracyVerdict.ERROR and not check.ok
     assert plan["partitions"][0]["file"].split("/")[-1] in check.message
-    assert wider_targets([BUILTIN_TARGETS["cortex-m55"]]) is None
+
+
+def _host_outlier_model() -> onnx.ModelProto:
+    """x -> 1x1 Conv (output channel 0 scaled 100x) -> Conv of stride 4 with SAME padding (the
+    U65 leaves it to the host) that reads every channel but channel 0: int8 on the host
+    rounds the small channels away whatever the NPU runs."""
+    rng = np.random.default_rng(3)
+    w1 = (rng.normal(size=(16, 8, 1, 1)) / 3).astype(np.float32)
+    w1[0] *= 100.0
+    w2 = (rng.normal(size=(16, 16, 5, 5)) / 20).astype(np.float32)
+    w2[:, 0] = 0.0
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], name="conv1"),
+             helper.make_node("Conv", ["h", "w2"], ["y"], name="conv2", strides=[4, 4],
+                              pads=[0, 0, 1, 1])]
+    g = helper.make_graph(
+        nodes, "hostout", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                          [1, 8, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = MAX_IR_VERSION
+    return m
+
+
+def test_the_ladder_widens_the_host_when_the_npu_alone_is_not_enough(tmp_path: Path) -> None:
+    path = tmp_path / "hostout.onnx"
+    onnx.save(_host_outlier_model(), path)
+    s = run_tune(_opts(tmp_path, path))
+    acc = s["accuracy"]
+    assert [r["check"]["targets"] for r in acc["refused"]] == [
+        ["ethos-u65-256", "cortex-m55"], ["ethos-u65-256-a16", "cortex-m55"]]
+    assert all(r["check"]["verdict"] == "failed" for r in acc["refused"])
+    assert acc["verdict"] == "passed" and acc["targets"] == ["ethos-u65-256-a16",
+                                                             "cortex-m55-a16"]
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert {p["target"] for p in plan["partitions"] if "conv2" in p["nodes"]} == {
+        "cortex-m55-a16"}
+    assert main(["run", str(tmp_path / "out"), "--no-singles", "--rounds", "1"]) == 0

@@ -85,6 +85,25 @@ def test_host_model_prices_conv_and_fully_connected_as_computed_by_hand() -> Non
     assert seconds == pytest.approx(3_080 / 400e6)
 
 
+def test_the_16x8_host_prices_cmsis_nn_s16_at_twice_the_int8_mac_cost() -> None:
+    """``cortex-m55-a16``: the same Conv written 16x8 runs CMSIS-NN's s16 kernel, 0.5 cycles
+    per MAC (Helium's 4 x 16-bit MACs a cycle against 8 x 8-bit) and the int8 rate per byte on
+    its int16 activations' bytes."""
+    conv = _model([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])],
+                  [_w("w", (16, 8, 3, 3)), _w("b", (16,), 1)])
+    tc = CortexMToolchain()
+    b = tc.build(BuildInput("fp16", BUILTIN_TARGETS["cortex-m55-a16"], conv.SerializeToString()))
+    assert b.ok, b.error
+    est = b.detail("host")
+    assert isinstance(est, dict) and est["mode"] == "int16"
+    (op,) = est["ops"]
+    assert (op["op"], op["kernel"], op["macs"]) == ("CONV_2D", "cmsis-nn", 294_912)
+    assert op["bytes"] > 7_360  # int16 activations: more bytes than the int8 build's
+    assert op["cycles"] == 2000 + 294_912 * 0.5 + op["bytes"] * 0.25
+
+
 def test_an_operator_the_converter_cannot_map_is_one_line_naming_it() -> None:
     m = _model([helper.make_node("Det", ["x"], ["y"], name="the_det")],
                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
