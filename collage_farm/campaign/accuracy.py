@@ -1,5 +1,5 @@
 """A campaign's accuracy gate: a plan with int8 partitions is checked as ``run`` checks it, and
-a plan that fails is searched once more with the NPU's 16-bit activations.
+a plan that fails is searched again with 16-bit activations (the NPU's, then the host's).
 
 Why: the search prices partitions by simulated cycles alone, so on an Ethos-U board it takes
 the fastest int8 NPU partitions whatever their numerics. Where int8 activations cannot carry a
@@ -44,7 +44,7 @@ from runners.calibration import INT8_TOOLCHAINS, CalibrationData
 
 __all__ = ["AccuracyCheck", "AccuracyVerdict", "check_plan", "needs_check", "wider_targets"]
 
-#: the option (and its value) that makes an NPU target's activations 16-bit
+#: the option (and its value) that makes an NPU or host target's activations 16-bit
 WIDE_OPTION = ("activations", "int16")
 
 

@@ -42,7 +42,7 @@ from estimators.profiled import (
 from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
-from runners.host_model import host_model
+from runners.cortex_m import host_of
 from runners.registry import capabilities_for_target
 
 log = logging.getLogger(__name__)
@@ -165,13 +165,14 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
 def with_requantise(targets: Sequence[Target], transition: TransitionModel) -> TransitionModel:
     """``transition`` plus the host's int8 <-> int16 requantisation of every tensor crossing
     into or out of a 16x8 partition (`WithRequantise`, priced by the board host's cycle model,
-    `runners.host_model.HostModel.requantise_cycles`) when ``targets`` are an Ethos-U board
-    with both 16x8 (``activations: int16``) and int8 targets; else ``transition`` itself."""
+    `runners.cortex_m.host_of`, `runners.host_model.HostModel.requantise_cycles`) when
+    ``targets`` are an Ethos-U board with both 16x8 (``activations: int16``) and int8
+    targets; else ``transition`` itself."""
     board = ethos_u_board(targets)
     wide = [t for t in targets if t.option("activations") == "int16"]
     if board is None or not wide or len(wide) == len(targets):  # one precision: no crossing
         return transition
-    host = host_model(str(board.host.option("core", board.host.name)))
+    host = host_of(board.host)
     fixed = host.requantise_cycles(0)
     per_element = host.requantise_cycles(1) - fixed
     charge = Requantise(host.seconds(fixed), host.seconds(per_element))

@@ -135,8 +135,8 @@ class LayeredTransitionModel(TransitionModel):
 class WithRequantise(LayeredTransitionModel):
     """``base`` plus a requantisation of every tensor crossing between a partition on one of
     ``charges``' targets (by id) and another partition: on an Ethos-U board whose partitions
-    exchange int8 tensors, a 16x8 NPU partition's inputs from and outputs to them pass an
-    int8 <-> int16 QUANTIZE on the host. Charged per target, not per pair: two adjacent
+    exchange int8 tensors, a 16x8 partition's (NPU or host) inputs from and outputs to them
+    pass an int8 <-> int16 QUANTIZE on the host. Charged per target, not per pair: two adjacent
     partitions on such targets (which could exchange int16 directly) are charged too, a
     deliberate over-charge of a split the search has no reason to make."""
 
