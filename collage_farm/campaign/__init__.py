@@ -5,6 +5,7 @@ chose.
   offline, mock), the cost table it reads and writes;
 * `costs`: where its costs come from: the rule trees, the estimator and measure strategy
   (profile or exhaustive), the transition model with measured rows and cut costs;
+* `timing_host`: whether this process times plans on the device the runners measure on;
 * `decisions`: the verified decision as a cost-table row, found again by re-runs and offline;
 * `tune`: `run_tune`, the campaign itself (its module docstring tells the flow).
 """

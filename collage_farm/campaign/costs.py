@@ -5,7 +5,7 @@ and, in profile mode, the `ProfiledEstimator` over each target's in-network prof
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from collage_farm.campaign.options import CostSource, TuneOptions, campaign_table
@@ -207,13 +207,16 @@ def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
 
 
 def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimator,
-                       cut_info: dict | None, builder: PlanBuilder | None = None
-                       ) -> tuple[ProfiledEstimator, dict]:
+                       cut_info: dict | None, builder: PlanBuilder | None = None,
+                       foreign: Collection[str] = ()) -> tuple[ProfiledEstimator, dict]:
     """``est`` wrapped in a `ProfiledEstimator` over each target's profile of ``graph``
     (`collage_farm.probes.profiles`: the cost table's rows, else profiled on the farm of a
     measuring ``est``, with the whole model ``builder`` extracted when given), and what
     happened: per target, the profile runs sent, and one warning line per target whose
-    costs fall back to ``est`` (no profile, or one rejected)."""
+    costs fall back to ``est`` (no profile, or one rejected). Each target's shares are
+    scaled to the cut-cost probe's whole-model time (``cut_info``'s ``wholes_s``) except for
+    the ``foreign`` targets, which this process times on another device than their runners
+    (`collage_farm.campaign.timing_host`): theirs keep the runner's own whole-model time."""
     table = campaign_table(opts)
     farm_est = est if isinstance(est, FarmEstimator) else None  # the one that can profile
     outcomes = collect_profiles(
@@ -223,6 +226,7 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
         whole_model=(lambda: builder.model_bytes(graph.all_mask)) if builder else None)
     same = (cut_info or {}).get("same_cuts_s") or {}
     wholes = (cut_info or {}).get("wholes_s") or {}  # every target's whole, one time base
+    base = {k: v for k, v in wholes.items() if k not in foreign}  # this device's only
     weights = node_weights(graph)
     profiles: dict[str, TargetProfile] = {}
     warnings: list[str] = []
@@ -232,7 +236,7 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
             try:
                 profiles[tid] = TargetProfile.of(o.profile, cut_s=float(same.get(tid, 0.0)),
                                                  tolerance=opts.profile_tolerance,
-                                                 weights=weights, whole_s=wholes.get(tid))
+                                                 weights=weights, whole_s=base.get(tid))
             except ProfileRejected as e:
                 why = str(e)
         if tid not in profiles:

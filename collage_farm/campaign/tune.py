@@ -55,7 +55,10 @@ keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerpr
 candidates are timed in (``network``, ``warm``, ``flush``); ``measure`` is how costs were got
 (``profile`` | ``exhaustive``), ``profiled`` the profile runs sent to the farm now (beside
 ``measured``, the candidates measured in isolation), ``profile`` per target what the profiles
-were and ``warnings``, ``screen`` what the screening measured. ``phases_s`` is the wall time
+were and ``warnings``, ``screen`` what the screening measured. ``plan_timing_host`` (a
+measuring campaign's): per measured target the device this process times plans on against
+the device its runner measures on, the targets where they differ and a warning line
+(`collage_farm.campaign.timing_host`). ``phases_s`` is the wall time
 per phase (`collage_farm.core.phases.PhaseClock`: ``load``, ``candidates``, ``farm_start``,
 ``transitions``, ``cut_costs``, ``profiles``, ``search``, ``screen``, ``confirm``, ``refine``,
 ``never_worse``, ``drift``, ``partition_timing``, ``close``, ``plan``, ``report``...), adding
@@ -100,6 +103,7 @@ from collage_farm.campaign.options import (
     campaign_table,
     post_search_options,
 )
+from collage_farm.campaign.timing_host import plan_timing_host
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.estimator import EstimatorKind
 from collage_farm.core.graph import DataflowGraph
@@ -132,6 +136,7 @@ from collage_farm.zoo.source import load_source
 from estimators.base import CostEstimator
 from estimators.board_profiled import BoardProfiledEstimator
 from estimators.int8_ranges import calibrated_targets, int8_calibration
+from estimators.measured import FarmEstimator
 from estimators.profiled import (
     MeasureStrategy,
     ProfiledEstimator,
@@ -256,6 +261,9 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
     # one session cache for the cut-cost probe and the end-to-end runs after the search: the
     # never-worse run's whole models are the probe's, built once
     builder = PlanBuilder(graph, threads=1)
+    # the device this process times plans on, against the runners' (a cluster's head is not)
+    timing_host = (plan_timing_host(opts.targets, est.farm)
+                   if own and isinstance(est, FarmEstimator) else None)
     clock.lap("farm_start")  # the estimator: Ray up (farm campaigns), the table opened
     try:
         transition = choose_transition(opts, est, measure=own, writer=writer)
@@ -277,7 +285,9 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
             profiles = profile_candidates(graph, opts.targets, opts.calibration)
             est, profile_info = board_profiled(graph, profiles, est, table)
         elif profile_mode:
-            est, profile_info = profiled_estimator(opts, graph, est, cut_info, builder)
+            est, profile_info = profiled_estimator(
+                opts, graph, est, cut_info, builder,
+                foreign=timing_host.different if timing_host is not None else ())
         clock.lap("profiles")
         lazy = bool(opts.prune and est.has_lower_bound)
         try:
@@ -387,6 +397,7 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
     summary["confirm"] = confirm_info
     summary[CALIBRATION_KEY] = plan.extra.get(CALIBRATION_KEY)
     summary["slots"] = slots
+    summary["plan_timing_host"] = timing_host.to_json() if timing_host is not None else None
     # `measure_mode` above is the cache mode candidates are timed in (warm | flush | network);
     # `measure` is how costs were obtained (profile | exhaustive), `profiled` the profile runs
     summary["measure"] = (MeasureStrategy.PROFILE.value if profile_info is not None

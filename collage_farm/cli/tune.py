@@ -290,6 +290,8 @@ def print_summary(s: dict[str, Any]) -> None:
           + (f" ({', '.join(f'{k}: {v}' for k, v in sorted(by.items()))})" if by else ""))
     for line in (s.get("profile") or {}).get("warnings", ()):
         print(line)
+    if (s.get("plan_timing_host") or {}).get("warning"):
+        print(s["plan_timing_host"]["warning"])
     if by.get("no_runner"):
         print(f"warning: {by['no_runner']} candidates had no runner on this cluster (a target "
               "whose device or toolchain no node offers: `collage-farm targets list --check`); "

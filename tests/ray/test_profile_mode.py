@@ -49,6 +49,11 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
     if len(usable) == 2:  # no fallback: the search and the confirmation measure nothing
         assert pr["measured"] == 0 and pr["confirm"]["remeasured"] == 0
     assert pr["plan_measured_s"] > 0 and pr["plan_is"]
+    # the runners of an embedded Ray measure on this host's CPU, where the plans are timed
+    timing = pr["plan_timing_host"]
+    assert timing["different"] == [] and timing["warning"] is None
+    assert {t: v["match"] for t, v in timing["targets"].items()} == {
+        "ort-cpu": "same", "openvino-cpu": "same"}
     # where the wall time went: every phase of a profile campaign, adding up to wall_s
     ph = pr["phases_s"]
     assert {"load", "farm_start", "transitions", "cut_costs", "profiles", "search", "refine",
@@ -67,6 +72,7 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
 
     off = _tune("--offline", "--out", str(tmp_path / "off"), "--cost-table", str(table))
     assert off["estimator"] == "table" and off["measured"] == 0 and off["profiled"] == 0
+    assert off["plan_timing_host"] is None  # no runner to compare with, nothing timed
     assert off["profile"]["profiled_targets"] == again["profile"]["profiled_targets"]
     assert off["dijkstra_estimated_s"] == pytest.approx(again["dijkstra_estimated_s"],
                                                         rel=1e-12)
