@@ -261,6 +261,7 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
     # one session cache for the cut-cost probe and the end-to-end runs after the search: the
     # never-worse run's whole models are the probe's, built once
     builder = PlanBuilder(graph, threads=1)
+    farm_est = est  # the measuring estimator, before profile mode wraps it
     # the device this process times plans on, against the runners' (a cluster's head is not)
     timing_host = (plan_timing_host(opts.targets, est.farm)
                    if own and isinstance(est, FarmEstimator) else None)
@@ -329,7 +330,7 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
         clock.lap("decision")
     finally:
         stats = est.stats()
-        slots = farm_slots(est)
+        slots = farm_slots(farm_est)  # profile mode's estimator wraps the farm's
         if own:
             est.close()  # closes the writer it opened
         clock.lap("close")  # the table written out, Ray shut down
