@@ -15,13 +15,8 @@ set -euo pipefail
 MODEL=${1:-zoo:mnist}
 PORT=${2:-6390}
 BASE=$(mktemp -d /tmp/cf-loopback.XXXXXX)
-export RAY_AUTH_MODE=token  # `ray start --head` turns token auth on; workers must say so too
-PIDS=()
-stop_nodes() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap stop_nodes EXIT
+# shellcheck source=bench/loopback_nodes.sh
+source "$(dirname "$0")/loopback_nodes.sh"  # RAY_AUTH_MODE=token, PIDS, stop_nodes at exit
 
 ray start --head --block --node-ip-address 127.0.0.1 --port "$PORT" --num-cpus 1 \
     --ray-client-server-port $((PORT + 1)) --include-dashboard=false --disable-usage-stats \
