@@ -15,13 +15,15 @@ never-worse decision come from a device its candidates were not measured on.
 `plan_timing_host` compares, per measured target (simulated toolchains have no timing), the
 device this process would time the target on (its toolchain's ``device_description`` here)
 with the device the service's runner reports for it (`MeasurementService.describe`, the
-device every cost row of the target carries). A mismatch is a `HostMatch.DIFFERENT`: the
-campaign says so in one warning line and in ``--json`` (``plan_timing_host``), and in profile
-mode the cut-cost probe's whole-model time does not become that target's time base (its
-profile's own unprofiled whole-model time, taken on the runner, does). The timings are not
-moved: a campaign that must decide on the runners' device runs where the runners are (the
-README's cluster section places the job on a ``coordinator`` node of the measurement nodes'
-instance type).
+device every cost row of the target carries): the same kind, model, core count and driver
+(`same_device`; not the description's ``config``, which for a GPU is the process's
+``CUDA_VISIBLE_DEVICES``: a Ray GPU worker sees ``0``, the campaign's process all). A
+mismatch is a `HostMatch.DIFFERENT`: the campaign says so in one warning line and in
+``--json`` (``plan_timing_host``), and in profile mode the cut-cost probe's whole-model time
+does not become that target's time base (its profile's own unprofiled whole-model time, taken
+on the runner, does). The timings are not moved: a campaign that must decide on the runners'
+device runs where the runners are (the README's cluster section places the job on a
+``coordinator`` node of the measurement nodes' instance type).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from estimators.sources import MeasurementService
 from runners.base import DeviceDescription
 from runners.registry import get_toolchain
 
-__all__ = ["HostMatch", "PlanTimingHost", "TargetHost", "device_here", "plan_timing_host"]
+__all__ = ["HostMatch", "PlanTimingHost", "TargetHost", "device_here", "plan_timing_host",
+           "same_device"]
 
 
 class HostMatch(enum.Enum):
@@ -72,11 +75,6 @@ class PlanTimingHost:
         """The targets this process times on another device than their runners."""
         return tuple(t.target for t in self.targets if t.match is HostMatch.DIFFERENT)
 
-    def same_device(self, target_id: str) -> bool:
-        """Whether ``target_id`` is timed here on its runner's device (True for a target
-        that is not compared: simulated, or not in this campaign)."""
-        return target_id not in self.different
-
     def warning(self) -> str | None:
         """One line for the summary when some target's device differs, else None."""
         diff = [t for t in self.targets if t.match is HostMatch.DIFFERENT]
@@ -92,6 +90,12 @@ class PlanTimingHost:
     def to_json(self) -> dict[str, Any]:
         return {"targets": {t.target: t.to_json() for t in self.targets},
                 "different": list(self.different), "warning": self.warning()}
+
+
+def same_device(a: DeviceDescription, b: DeviceDescription) -> bool:
+    """Whether two descriptions name one device: kind, model, cores and driver agree (the
+    ``config`` field says what a process is shown of it, not what it is)."""
+    return (a.kind, a.name, a.cores, a.driver) == (b.kind, b.name, b.cores, b.driver)
 
 
 def device_here(target: Target) -> DeviceDescription:
@@ -113,10 +117,11 @@ def plan_timing_host(targets: Sequence[Target], service: MeasurementService,
     for t in dict.fromkeys(targets):
         if t.toolchain in SIMULATED_TOOLCHAINS:
             continue
-        mine = here(t).describe()
+        mine = here(t)
         got = service.describe(t)
-        theirs = got[0].describe() if got is not None and got[0] is not None else None
+        theirs = got[0] if got is not None else None
         match = (HostMatch.UNKNOWN if theirs is None
-                 else HostMatch.SAME if theirs == mine else HostMatch.DIFFERENT)
-        out.append(TargetHost(t.id, mine, theirs, match))
+                 else HostMatch.SAME if same_device(mine, theirs) else HostMatch.DIFFERENT)
+        out.append(TargetHost(t.id, mine.describe(),
+                              theirs.describe() if theirs is not None else None, match))
     return PlanTimingHost(tuple(out))

@@ -54,7 +54,6 @@ def test_runners_on_this_host_are_the_same_device() -> None:
     assert svc.asked == ["ort-cpu", "openvino-cpu"]
     assert all(t.match is HostMatch.SAME for t in got.targets)
     assert got.different == () and got.warning() is None
-    assert got.same_device("ort-cpu") and got.same_device("ethos-u55-128")
     assert got.to_json()["warning"] is None
 
 
@@ -67,7 +66,7 @@ def test_a_coordinator_on_another_machine_is_said_and_named() -> None:
     got = plan_timing_host([ORT, OV], svc, here=lambda t: here)
     assert got.targets[0].match is HostMatch.DIFFERENT
     assert got.targets[1].match is HostMatch.UNKNOWN and got.targets[1].runner is None
-    assert got.different == ("ort-cpu",) and not got.same_device("ort-cpu")
+    assert got.different == ("ort-cpu",)
     line = got.warning()
     assert line is not None and line.startswith("warning: this campaign's own end-to-end")
     assert f"ort-cpu: here {here.describe()}, runner {HEAD.describe()}" in line
@@ -76,6 +75,25 @@ def test_a_coordinator_on_another_machine_is_said_and_named() -> None:
     got = plan_timing_host([ORT], _Runners({"ort-cpu": same_model_more_cores}),
                            here=lambda t: here)
     assert got.different == ("ort-cpu",)  # a 4-vCPU head is not a 2-core measurement node
+
+
+def test_a_gpu_shown_under_another_visibility_is_the_same_gpu() -> None:
+    """A Ray GPU worker sees its GPU as ``CUDA_VISIBLE_DEVICES=0``, the campaign's process on
+    the same machine sees every GPU: the same device, not a warning on every one-machine GPU
+    campaign; another GPU model, or none here, is different."""
+    (cuda,) = parse_targets("ort-cuda")
+    h100 = DeviceDescription("cuda", "NVIDIA H100 80GB HBM3", driver="580.1", config="visible=")
+    on_worker = DeviceDescription("cuda", "NVIDIA H100 80GB HBM3", driver="580.1",
+                                  config="visible=0")
+    got = plan_timing_host([cuda], _Runners({"ort-cuda": on_worker}), here=lambda t: h100)
+    assert got.targets[0].match is HostMatch.SAME and got.warning() is None
+    assert got.targets[0].runner == on_worker.describe()  # shown as the runner said it
+    none_here = DeviceDescription("cuda", "unavailable", config="no CUDA device")
+    a10g = DeviceDescription("cuda", "NVIDIA A10G", driver="580.1", config="visible=0")
+    for here in (none_here, a10g):
+        got = plan_timing_host([cuda], _Runners({"ort-cuda": on_worker}),
+                               here=lambda t, d=here: d)  # type: ignore[misc]
+        assert got.different == ("ort-cuda",)
 
 
 def test_the_warning_is_printed_in_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
