@@ -17,6 +17,15 @@ isolation. A candidate's cost on a profiled target is then:
   into partitions of this toolchain costs per cut; the transition model adds what entering
   from *another* toolchain costs on top).
 
+A candidate priced *in chain* (`price_in_chain`: its partition timed inside a running plan the
+search chose, `collage_farm.postsearch.inchain`) answers that price instead, before anything
+else. From those prices the estimator learns, per target, what leaving a partition costs
+beyond the profile (`exit_charges`: the median of price - profile answer over the priced
+partitions that feed another partition, floored at 0) and charges it to every
+profile-answered candidate of that target that feeds another partition; cutting one
+toolchain's model in two then pays it on top of the measured same-toolchain cut cost, a bias
+against splits the never-worse check would reject anyway.
+
 A candidate is **uncertain** when it splits a group the toolchain fused in the profile (its
 cost inside the group is a guess: by default it pays the whole group, `SplitPricing`) or holds
 a node the profile does not account for (folded or eliminated, so 0 s in the whole model, but
@@ -51,12 +60,14 @@ table (a re-run, an offline search), from the start (`CostEstimator.stored_confi
 from __future__ import annotations
 
 import enum
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from collage_farm.core.graph import DataflowGraph
+from collage_farm.core.subgraph import SubGraph
 from estimators.analytic import node_flops
 from estimators.base import CostEstimator, EstimatorStats
 from runners.profile import DEFAULT_TOLERANCE, OperatorProfile
@@ -207,8 +218,18 @@ def node_weights(graph: DataflowGraph) -> dict[str, float]:
 
 def fed_by_partition(c: CandidatePartition) -> bool:
     """Whether ``c`` reads a tensor some other partition makes (not only graph inputs)."""
-    inputs = set(c.sub_graph.graph.graph_inputs)
-    return any(t not in inputs for t in c.sub_graph.input_tensors)
+    return _fed(c.sub_graph)
+
+
+def _fed(sg: SubGraph) -> bool:
+    inputs = set(sg.graph.graph_inputs)
+    return any(t not in inputs for t in sg.input_tensors)
+
+
+def _feeds(sg: SubGraph) -> bool:
+    """Whether a node outside ``sg`` reads a tensor ``sg`` makes (it feeds a partition)."""
+    g, inside = sg.graph, sg.mask
+    return any(not inside >> u & 1 for o in sg.output_tensors for u in g.consumers.get(o, ()))
 
 
 class ProfiledEstimator(CostEstimator):
@@ -216,8 +237,10 @@ class ProfiledEstimator(CostEstimator):
     docstring). ``profiles``: by `Target.id`; ``isolated``: the estimator of isolated
     measurements (or table rows), closed with this one."""
 
-    def __init__(self, profiles: Mapping[str, TargetProfile], isolated: CostEstimator) -> None:
+    def __init__(self, profiles: Mapping[str, TargetProfile], isolated: CostEstimator,
+                 graph: DataflowGraph | None = None) -> None:
         self.profiles = dict(profiles)
+        self.graph = graph  # the model the masks of in-chain prices index (exit charges)
         self.isolated = isolated
         self.kind = isolated.kind
         # what the costs that are measurements come from ("farm", "table"); the campaign
@@ -226,6 +249,11 @@ class ProfiledEstimator(CostEstimator):
         self.has_lower_bound = isolated.has_lower_bound
         self._measured: set[str] = set()  # fingerprints the isolated estimator answers
         self._peeked: set[str] = set()  # fingerprints whose stored confirmation was looked up
+        #: (target id, node mask) -> seconds: candidates priced inside their running plan
+        self._in_chain: dict[tuple[str, int], float] = {}
+        #: target id -> what leaving one of its partitions costs beyond its profile share
+        #: (learned from the in-chain prices: `exit_charges`)
+        self._exit: dict[str, float] = {}
 
     @property
     def measure_mode(self) -> str | None:
@@ -237,9 +265,54 @@ class ProfiledEstimator(CostEstimator):
             return None
         return self.profiles.get(c.target.id)
 
+    def price_in_chain(self, prices: Mapping[tuple[str, int], float]) -> None:
+        """Answer these candidates, by (target id, node mask), with their in-chain price
+        from now on (seconds: `collage_farm.postsearch.inchain`), before their profile
+        share or any isolated cost. A price once given is kept: a later one for the same
+        candidate is ignored, so every search of a campaign, and of a re-run or an offline
+        search that loads the same prices, sees one figure per candidate."""
+        for key, s in prices.items():
+            self._in_chain.setdefault(key, max(0.0, float(s)))
+        self._exit = self._learn_exits()
+
+    @property
+    def exit_charges(self) -> dict[str, float]:
+        """Target id -> seconds charged to every profile-answered candidate of that target
+        that feeds another partition (module docstring: learned from the in-chain prices)."""
+        return dict(self._exit)
+
+    def _learn_exits(self) -> dict[str, float]:
+        """Per target, the median over its in-chain priced partitions that feed another
+        partition of (price - profile answer), floored at 0: the leaving side of a cut, which
+        the profile shares and the cut charges (entering side) leave out. Deterministic in
+        the prices and profiles, so a re-run or an offline search that loads the same
+        prices charges the same. Empty without ``graph``."""
+        if self.graph is None:
+            return {}
+        points: dict[str, list[float]] = {}
+        for (tid, mask), price in sorted(self._in_chain.items()):
+            prof = self.profiles.get(tid)
+            sg = SubGraph(self.graph, mask)
+            if prof is None or not _feeds(sg):
+                continue
+            raw = prof.cost_s([n.name for n in sg.nodes], _fed(sg))
+            points.setdefault(tid, []).append(price - raw)
+        return {tid: max(0.0, statistics.median(xs)) for tid, xs in points.items()}
+
+    def in_chain_price(self, c: CandidatePartition) -> float | None:
+        """``c``'s in-chain price, or None when it has none."""
+        return self._in_chain.get((c.target.id, c.mask))
+
+    def priceable_in_chain(self, c: CandidatePartition) -> bool:
+        """Whether ``c`` is answered by its profile share now (an in-chain price would
+        replace that; isolated costs stay what they are)."""
+        return self.in_chain_price(c) is None and self._profile(c) is not None
+
     def uncertain(self, c: CandidatePartition) -> bool:
         """Whether ``c``'s profile estimate is uncertain (module docstring); False for
         candidates the isolated estimator answers."""
+        if self.in_chain_price(c) is not None:
+            return False
         p = self._profile(c)
         return p is not None and p.uncertain(c.node_names)
 
@@ -263,16 +336,25 @@ class ProfiledEstimator(CostEstimator):
         out: list[Cost | None] = []
         rest: list[int] = []
         for i, c in enumerate(candidates):
+            priced = self.in_chain_price(c)
+            if priced is not None:
+                out.append(Cost(priced))
+                continue
             p = self._profile(c)
             if p is None:
                 out.append(None)
                 rest.append(i)
             else:
-                out.append(Cost(p.cost_s(c.node_names, fed_by_partition(c))))
+                out.append(Cost(p.cost_s(c.node_names, fed_by_partition(c))
+                                + self._exit_s(c)))
         if rest:
             for i, cost in zip(rest, self.isolated.estimate([candidates[i] for i in rest])):
                 out[i] = cost
         return [c if c is not None else Cost.unknown() for c in out]
+
+    def _exit_s(self, c: CandidatePartition) -> float:
+        charge = self._exit.get(c.target.id, 0.0)
+        return charge if charge > 0 and _feeds(c.sub_graph) else 0.0
 
     def measure_isolated(self, candidates: Sequence[CandidatePartition]) -> list[Cost]:
         """Measure ``candidates`` in isolation (the table first); from now on they answer the
@@ -291,6 +373,9 @@ class ProfiledEstimator(CostEstimator):
         below the bound's per-call floor, and a lazy search must never price an edge above
         the cost it will answer when the edge is popped."""
         lb = self.isolated.lower_bound(candidate)
+        priced = self.in_chain_price(candidate)
+        if priced is not None:
+            return Cost(min(lb.seconds, priced)) if lb.is_known else Cost(priced)
         p = self._profile(candidate)
         if p is None or not lb.is_known:
             return lb
@@ -311,7 +396,7 @@ class ProfiledEstimator(CostEstimator):
     def is_confirmed(self, candidate: CandidatePartition) -> bool:
         """Whether the candidate needs no re-measurement by the confirmation step: a profile
         estimate does not (module docstring), an isolated cost when it is a confirmed one."""
-        if self._profile(candidate) is not None:
+        if self.in_chain_price(candidate) is not None or self._profile(candidate) is not None:
             return True
         return self.isolated.is_confirmed(candidate)
 

@@ -1,16 +1,18 @@
 """Where a campaign's costs come from: the rule trees per target, the estimator
 (`CostSource` and `MeasureStrategy`), the transition model with measured rows and cut costs,
-and, in profile mode, the `ProfiledEstimator` over each target's in-network profile."""
+and, in profile mode, the `ProfiledEstimator` over each target's in-network profile and the
+in-chain prices of the best plans' partitions."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from collage_farm.campaign.options import CostSource, TuneOptions, campaign_table
 from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.rules import PartitionSpec, RuleOptions, default_spec
+from collage_farm.core.search import SearchResult
 from collage_farm.core.target import CPU0, Target
 from collage_farm.core.transition import (
     AnalyticTransitionModel,
@@ -20,9 +22,11 @@ from collage_farm.core.transition import (
     WithRequantise,
 )
 from collage_farm.costtable import CostTable, CostTableWriter, TableStore, check_writable
+from collage_farm.costtable.inchain import in_chain_row, stored_in_chain_prices
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.execute.builder import PlanBuilder
 from collage_farm.farm import Farm
+from collage_farm.postsearch.inchain import price_best_plans
 from collage_farm.postsearch.vela_whole import ethos_u_board
 from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.profiles import collect_profiles, table_has_profiles
@@ -249,4 +253,29 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     info = {"targets": {k: o.to_json() for k, o in outcomes.items()},
             "profiled_targets": sorted(profiles), "runs": sum(o.ran for o in outcomes.values()),
             "warnings": warnings, "same_cuts_s": same, "wholes_s": wholes}
-    return ProfiledEstimator(profiles, est), info
+    pe = ProfiledEstimator(profiles, est, graph)
+    # the prices an earlier campaign on this table set (a re-run, an offline search): its
+    # last search ran with all of them, so this one starts where that one ended
+    stored = stored_in_chain_prices(CostTable(table) if table is not None else None, graph,
+                                    [t for t in opts.targets if t.id in profiles
+                                     and t.id not in foreign])
+    pe.price_in_chain(stored)
+    info["in_chain_stored"] = len(stored)
+    return pe, info
+
+
+def price_in_chain(graph: DataflowGraph, est: ProfiledEstimator, result: SearchResult,
+                   builder: PlanBuilder, opts: TuneOptions, writer: CostTableWriter | None,
+                   search_again: Callable[[], SearchResult], *, foreign: Collection[str] = ()
+                   ) -> tuple[SearchResult, dict]:
+    """The search result once the best plans' partitions are priced in chain
+    (`collage_farm.postsearch.inchain`, up to ``opts.inchain_rounds`` plans), each new price
+    appended to ``writer`` (the campaign's cost table) so that a re-run or an offline search
+    on the table starts with it; and what was done (the summary's ``inchain``)."""
+    result, info, prices = price_best_plans(graph, est, search_again, result, builder,
+                                            rounds=opts.inchain_rounds, foreign=foreign)
+    if writer is not None:
+        for p in prices:
+            writer.append(in_chain_row(graph, p.candidate.target, p.candidate.mask, p.seconds,
+                                       p.details(), campaign_id=opts.campaign_id))
+    return result, info

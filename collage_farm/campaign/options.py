@@ -87,6 +87,9 @@ class TuneOptions:
     # plans whose uncertain candidates are measured in isolation (`screen`); 0: none, as an
     # isolated cost mixed into profile shares misprices mixed plans (estimators.profiled)
     screen_rounds: int = 0
+    # mixed plans the search chose whose partitions are priced inside the running plan
+    # (`collage_farm.postsearch.inchain`, profile mode); 0: none
+    inchain_rounds: int = 4
     inputs: Mapping[str, object] = field(default_factory=dict)  # fixed input values (--input)
     # samples int8 builds are calibrated on (--calibration-data); None: seeded random
     calibration: CalibrationData | None = None

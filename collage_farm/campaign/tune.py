@@ -30,7 +30,10 @@ How candidates get costs is ``TuneOptions.measure`` (`estimators.profiled.Measur
 trusted, said in one warning line), answers every candidate from those profiles
 (`estimators.profiled.ProfiledEstimator`: node shares on the cut-cost probe's time base plus
 measured cut costs), so neither the search nor the confirmation step measures a candidate in
-isolation; ``screen_rounds`` > 0 measures the uncertain candidates on the best plans
+isolation; when the search's plan is a mix, its partitions are timed inside the running plan
+in this process and priced by that, and the search runs again, up to ``inchain_rounds`` plans
+(`collage_farm.postsearch.inchain`; not on a re-run whose search plan a campaign already
+decided on); ``screen_rounds`` > 0 measures the uncertain candidates on the best plans
 (`collage_farm.postsearch.screen`). A target without a usable profile falls back to isolated
 measurement, with one warning line in the summary. On a simulated Ethos-U board ``profile``
 builds Vela's own split once per target instead (`collage_farm.probes.board_profiles`),
@@ -55,7 +58,8 @@ keys: ``estimated_total_s``, ``partitions``, ``candidates``, ``distinct_fingerpr
 candidates are timed in (``network``, ``warm``, ``flush``); ``measure`` is how costs were got
 (``profile`` | ``exhaustive``), ``profiled`` the profile runs sent to the farm now (beside
 ``measured``, the candidates measured in isolation), ``profile`` per target what the profiles
-were and ``warnings``, ``screen`` what the screening measured. ``plan_timing_host`` (a
+were and ``warnings``, ``screen`` what the screening measured, ``inchain`` what the in-chain
+pricing timed and priced. ``plan_timing_host`` (a
 measuring campaign's): per measured target the device this process times plans on against
 the device its runner measures on, the targets where they differ and a warning line
 (`collage_farm.campaign.timing_host`). ``phases_s`` is the wall time
@@ -89,6 +93,7 @@ from collage_farm.campaign.costs import (
     farm_slots,
     make_estimator,
     measure_strategy,
+    price_in_chain,
     profiled_estimator,
     with_cut_costs,
     with_requantise,
@@ -296,6 +301,16 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
         except NoCoverError as e:
             raise _with_reasons(e, candidates, est) from None
         clock.lap("search")
+        inchain_info: dict | None = None
+        # a re-run whose search plan an earlier campaign decided on times nothing
+        if (isinstance(est, ProfiledEstimator) and est.kind.measures
+                and opts.inchain_rounds > 0
+                and already_decided(graph, opts, table, result) is None):
+            result, inchain_info = price_in_chain(
+                graph, est, result, builder, opts, writer,
+                lambda: search(graph, candidates, est, transition, lazy=lazy),
+                foreign=timing_host.different if timing_host is not None else ())
+        clock.lap("inchain")
         screen_info: dict | None = None
         if isinstance(est, ProfiledEstimator):
             result, screen_info = screen(graph, candidates, est, transition, result,
@@ -406,6 +421,7 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
     summary["profiled"] = (profile_info or {}).get("runs", 0)
     summary["profile"] = profile_info
     summary["screen"] = screen_info
+    summary["inchain"] = inchain_info
     summary["first_search_estimated_s"] = first_estimate_s
     summary["dijkstra_estimated_s"] = dijkstra.total_s
     summary["dijkstra_partitions"] = len(dijkstra.partitions)

@@ -111,6 +111,11 @@ def _add_post_search_args(p: argparse.ArgumentParser) -> None:
                    "target's whole model, then search again, up to N times until the path "
                    "is made of re-measured candidates (default 3; 0 disables; measured "
                    "campaigns only)")
+    p.add_argument("--inchain-rounds", type=int, default=4, metavar="N",
+                   help="profile mode: when the search's plan is a mix, time it in this "
+                   "process with each partition timed inside the running plan, price its "
+                   "partitions by that and search again, up to N plans (default 4; 0 "
+                   "disables; measured campaigns only)")
     p.add_argument("--verify-extend-rounds", type=int, default=14, metavar="N",
                    help="when the mix looks faster than the best single toolchain (by > 3%%) "
                    "but not beyond the verify run's noise, time N more interleaved rounds of "
@@ -227,6 +232,7 @@ def _tune_options(args: argparse.Namespace) -> TuneOptions:
         measure=args.measure,
         confirm_rounds=max(0, args.confirm_rounds),
         verify_extend_rounds=max(0, args.verify_extend_rounds),
+        inchain_rounds=max(0, args.inchain_rounds),
     )
 
 
@@ -283,6 +289,14 @@ def print_summary(s: dict[str, Any]) -> None:
                     if scr.get("measured") else "no candidate measured in isolation")
         print(f"costs from in-network profiles: {plural(int(s.get('profiled', 0)), 'profile run')}"
               f" sent now (per-operator shares of each target's whole model); {screened}")
+        chain = s.get("inchain") or {}
+        stored = int((s.get("profile") or {}).get("in_chain_stored") or 0)
+        if chain.get("plans") or stored:
+            print(f"in-chain prices: {plural(int(chain.get('priced', 0)), 'partition')} of "
+                  f"{plural(int(chain.get('plans', 0)), 'mixed plan')} timed in this process "
+                  f"now (measured, scaled to the profiles' time base), {stored} from the cost "
+                  f"table; stopped by {chain.get('stopped_by', 'none')}"
+                  + (f" ({chain['error']})" if chain.get("error") else ""))
     # an Ethos-U board's candidates are built and simulated (Vela, the host model), not timed
     done = "built (simulated)" if s.get("baseline") == "vela_whole" else "measured"
     print(f"costs from {est}{warn}: {s['measured']} {done}, {s['cache_hits']} cache hits, "

@@ -14,7 +14,9 @@ DuckDB. One module per concept:
 * `lookup`: which row answers for a candidate (strictness, retry of failures, newest ok row);
 * `compact` and `export`: merging the part files, writing the table to one file;
 * `query`: summaries and DuckDB SQL over the table;
-* `store`: `TableStore`, the table as the estimators' `estimators.sources.CostStore`.
+* `store`: `TableStore`, the table as the estimators' `estimators.sources.CostStore`;
+* `decisions` and `inchain`: a campaign's verified plan decision and its in-chain prices as
+  rows, so that a re-run or an offline search on the table reproduces it.
 
 The schema table (every column, its type and meaning) is in `collage_farm.costtable.schema`.
 """

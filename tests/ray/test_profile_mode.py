@@ -65,8 +65,17 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
     assert len(rows) == 2 and all(r.schema_version == 2 for r in rows)
     assert all(r.fingerprint.startswith("profile:") for r in rows)
 
+    # a mixed plan is priced in chain (timed in this process), a single one needs nothing
+    chain = pr["inchain"]
+    assert chain["stopped_by"] in ("single", "priced", "rounds")
+    assert chain["plans"] <= 4 and chain["priced"] >= chain["plans"]
+    assert pr["profile"]["in_chain_stored"] == 0  # a fresh table
+
     again = _tune("--out", str(tmp_path / "pr2"), "--cost-table", str(table))
     assert again["profiled"] == 0 and again["measured"] == 0  # all rows of the table now
+    # the prices the first campaign set are read back, and nothing is timed again for them
+    assert again["profile"]["in_chain_stored"] == chain["priced"]
+    assert not (again["inchain"] or {}).get("plans")
     assert again["dijkstra_estimated_s"] == pytest.approx(pr["dijkstra_estimated_s"],
                                                           rel=1e-12)
     assert _plan(tmp_path / "pr2") == _plan(tmp_path / "pr")
@@ -74,6 +83,8 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
     off = _tune("--offline", "--out", str(tmp_path / "off"), "--cost-table", str(table))
     assert off["estimator"] == "table" and off["measured"] == 0 and off["profiled"] == 0
     assert off["plan_timing_host"] is None  # no runner to compare with, nothing timed
+    assert off["inchain"] is None  # nothing timed offline; the stored prices answer
+    assert off["profile"]["in_chain_stored"] == chain["priced"]
     assert off["profile"]["profiled_targets"] == again["profile"]["profiled_targets"]
     assert off["dijkstra_estimated_s"] == pytest.approx(again["dijkstra_estimated_s"],
                                                         rel=1e-12)
