@@ -274,6 +274,18 @@ def _history(s: Mapping[str, Any]) -> list[str]:
                        f"{plural(int(conf['remeasured']), 'candidate')} of its path")
     else:
         out.append(f"search: the Dijkstra plan, {d}, estimated {ms(final)}")
+    chain = s.get("inchain") or {}
+    if chain.get("plans"):
+        timed = chain.get("log") or [{}]
+        exits = ", ".join(f"{t} {ms(v)}" for t, v in sorted((chain.get("exit_s") or {}).items())
+                          if v)
+        out.append(f"in-chain pricing: the search's first plan was estimated "
+                   f"{ms(timed[0].get('estimated_s'))} and ran {ms(timed[0].get('plan_s'))} "
+                   f"in this process (measured); "
+                   f"{plural(int(chain['plans']), 'mixed plan')} timed so, "
+                   f"{plural(int(chain.get('priced', 0)), 'partition')} priced by it"
+                   + (f", leaving a partition learned to cost {exits}" if exits else "")
+                   + f" (stopped: {chain.get('stopped_by')})")
     if conf.get("stopped_by") == "decided":
         out.append(f"confirmation: not needed; campaign {conf.get('decided_by')} confirmed "
                    "this plan's costs and measured it end to end (--reconfirm measures again)")

@@ -222,3 +222,18 @@ def test_prices_round_trip_through_the_cost_table(mnist: DataflowGraph, tmp_path
         "SELECT fingerprint, median FROM costs WHERE fingerprint LIKE 'inchain:%'")
     assert set(rows.column("fingerprint").to_pylist()) == fps and rows.num_rows == 5
     assert statistics.median(rows.column("median").to_pylist()) > 0
+
+
+def test_the_story_says_what_in_chain_pricing_did() -> None:
+    from collage_farm.report.summary import _history
+
+    s = {"dijkstra_plan": "openvino-cpu whole", "dijkstra_estimated_s": 12.3e-3,
+         "inchain": {"plans": 1, "priced": 2, "stopped_by": "single",
+                     "exit_s": {"openvino-cpu": 2.8e-3, "ort-cpu": 0.0},
+                     "log": [{"estimated_s": 19.2e-3, "plan_s": 21.9e-3}]}}
+    line = next(x for x in _history(s) if x.startswith("in-chain pricing"))
+    assert "estimated 19.2 ms and ran 21.9 ms" in line and "(measured)" in line
+    assert "1 mixed plan timed" in line and "2 partitions priced" in line
+    assert "openvino-cpu 2.8 ms" in line and "ort-cpu" not in line  # no charge, not said
+    assert "stopped: single" in line
+    assert not [x for x in _history({**s, "inchain": None}) if x.startswith("in-chain")]
