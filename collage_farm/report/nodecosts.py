@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from collage_farm.costtable import CostTable
+from collage_farm.costtable.inchain import INCHAIN_PREFIX
 from estimators.profiled import TargetProfile
 from runners.profile import PROFILE_DETAIL, PROFILE_PREFIX, OperatorProfile
 
@@ -102,6 +103,8 @@ def node_costs(table_dir: Path, model: str, nodes: Iterable[str]
     share: dict[tuple[str, str], NodeCost] = {}
     for r in _rows(table_dir, model):
         t, ns = r["target"], tuple(r["nodes"] or ())
+        if str(r["fingerprint"]).startswith(INCHAIN_PREFIX):
+            continue  # a partition priced inside a running plan, not a candidate measured
         if str(r["fingerprint"]).startswith(PROFILE_PREFIX):
             if r["status"] == "ok":
                 for n, s in _profiled(r).items():

@@ -27,6 +27,7 @@ from collage_farm.costtable.inchain import (
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.postsearch import inchain
 from collage_farm.postsearch.inchain import PlanTiming, price_best_plans, time_plan_in_chain
+from collage_farm.report.nodecosts import node_costs
 from estimators.mock import MockEstimator
 from estimators.profiled import ProfiledEstimator, TargetProfile, fed_by_partition
 
@@ -222,6 +223,8 @@ def test_prices_round_trip_through_the_cost_table(mnist: DataflowGraph, tmp_path
         "SELECT fingerprint, median FROM costs WHERE fingerprint LIKE 'inchain:%'")
     assert set(rows.column("fingerprint").to_pylist()) == fps and rows.num_rows == 5
     assert statistics.median(rows.column("median").to_pylist()) > 0
+    # the report's per-node costs are candidates' measurements: priced partitions are not
+    assert node_costs(table, mnist.name, [n.name for n in mnist.nodes]) == {}
 
 
 def test_the_story_says_what_in_chain_pricing_did() -> None:
