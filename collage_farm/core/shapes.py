@@ -2,10 +2,18 @@
 
 Shape inference runs once per model with large weights swapped for data-less stand-ins. A
 tensor it leaves without a concrete shape (data-dependent sizes, custom-domain ops) is
-learnt by running the model once in ONNX Runtime on seeded random inputs.
+learnt by running the model once in ONNX Runtime on seeded random inputs, in a child process
+(a malformed model can crash ONNX Runtime itself).
 """
 
 from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -93,10 +101,36 @@ def _with_stand_ins(model: onnx.ModelProto, heavy: list[onnx.TensorProto]) -> on
     return light
 
 
-def probe_shapes(model: onnx.ModelProto, missing: list[str]) -> dict[str, TensorInfo]:
-    """Run the model once in ONNX Runtime with ``missing`` as extra outputs to learn shapes."""
-    import onnxruntime as ort  # local: ORT is heavy and only needed for odd models
+#: the probe's child: reads the model and its feeds from the directory given, runs them in
+#: ONNX Runtime (CPU, no graph optimisation), prints each wanted output's shape and dtype
+_PROBE_CHILD = """
+import json, sys
+import numpy as np
+import onnxruntime as ort
+d = sys.argv[1]
+want = json.load(open(d + "/want.json"))
+so = ort.SessionOptions()
+so.log_severity_level = 3
+so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+try:
+    sess = ort.InferenceSession(d + "/probe.onnx", so, providers=["CPUExecutionProvider"])
+    feeds = dict(np.load(d + "/feeds.npz"))
+    outs = sess.run(want, feeds)
+except Exception as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+    sys.exit(0)
+print(json.dumps({"found": [[list(np.asarray(a).shape), np.asarray(a).dtype.str] for a in outs]}))
+"""
+#: seconds the probe's child may take before it counts as hung
+PROBE_TIMEOUT_S = 300.0
 
+
+def probe_shapes(model: onnx.ModelProto, missing: list[str]) -> dict[str, TensorInfo]:
+    """Run the model once in ONNX Runtime with ``missing`` as extra outputs to learn shapes.
+
+    The run happens in a child process: a malformed model can crash ONNX Runtime itself (a
+    segmentation fault, not an exception), and that must be a `ModelError` for the user, not
+    the end of the campaign's process."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     have = {o.name for o in probe.graph.output}
@@ -104,24 +138,42 @@ def probe_shapes(model: onnx.ModelProto, missing: list[str]) -> dict[str, Tensor
         if name not in have:
             probe.graph.output.add().name = name
     probe.ir_version = min(probe.ir_version, MAX_IR_VERSION)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        sess = ort.InferenceSession(
-            probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        outs = sess.run(missing, random_feeds(model))
-    except Exception as e:
-        node = next((n for n in model.graph.node if missing[0] in n.output), None)
-        made_by = (f", output of node {node.name!r} ({node.domain + ':' if node.domain else ''}"
-                   f"{node.op_type})" if node is not None else "")
-        raise ModelError(
+    node = next((n for n in model.graph.node if missing[0] in n.output), None)
+    made_by = (f", output of node {node.name!r} ({node.domain + ':' if node.domain else ''}"
+               f"{node.op_type})" if node is not None else "")
+
+    def fail(why: str) -> ModelError:
+        return ModelError(
             f"could not determine shapes of {len(missing)} tensors (e.g. {missing[0]!r}"
             f"{made_by}) statically or by running the model once; declare them in the "
-            f"model's value_info: {e}"
-        ) from None
+            f"model's value_info: {why}")
+
+    with tempfile.TemporaryDirectory(prefix="collage-shapes-") as d:
+        try:
+            Path(d, "probe.onnx").write_bytes(probe.SerializeToString())
+            np.savez(Path(d, "feeds.npz"), **random_feeds(model))
+        except Exception as e:  # feeds of a type numpy cannot hold, a model too large
+            raise fail(f"{type(e).__name__}: {e}") from None
+        Path(d, "want.json").write_text(json.dumps(list(missing)))
+        try:
+            done = subprocess.run([sys.executable, "-c", _PROBE_CHILD, d], capture_output=True,
+                                  text=True, timeout=PROBE_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise fail(f"ONNX Runtime did not finish in {PROBE_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        sig = -done.returncode
+        what = (f"ONNX Runtime crashed ({signal.Signals(sig).name})" if sig > 0
+                and sig in signal.Signals._value2member_map_
+                else f"the probe exited with status {done.returncode}")
+        raise fail(f"{what}: {' '.join(done.stderr.split())[-300:]}")
+    try:
+        reply = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise fail(f"unreadable probe output {done.stdout[-200:]!r}") from None
+    if "error" in reply:
+        raise fail(reply["error"])
     found = {}
-    for name, arr in zip(missing, outs):
-        arr = np.asarray(arr)
-        found[name] = TensorInfo(name, tuple(arr.shape), helper.np_dtype_to_tensor_dtype(arr.dtype))
+    for name, (shape, dtype) in zip(missing, reply["found"]):
+        found[name] = TensorInfo(name, tuple(int(x) for x in shape),
+                                 helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
     return found

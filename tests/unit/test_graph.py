@@ -244,3 +244,17 @@ def test_shape_probe_fills_data_dependent_shapes():
     feeds = random_inputs(g)
     assert feeds["x"].shape == (2, 3)
     assert len(g.tensors["nz"].shape) == 2 and g.tensors["nz"].shape[0] == 2
+
+
+def test_a_crash_of_the_shape_probe_is_a_model_error(monkeypatch):
+    """The probe runs the user's model in ONNX Runtime, which a malformed model can crash
+    natively (a hypothesis-mutated model once took the test process down with SIGSEGV): the
+    child's crash is the user's clear error, and this process goes on."""
+    from collage_farm.core import shapes
+
+    monkeypatch.setattr(shapes, "_PROBE_CHILD",
+                        "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"]),
+             helper.make_node("Transpose", ["nz"], ["y"])]
+    with pytest.raises(ModelError, match=r"could not determine shapes.*crashed \(SIGSEGV\)"):
+        load_graph(_model(nodes, [_vi("x", [2, 3])], [_vi("y", None, TensorProto.INT64)]))
