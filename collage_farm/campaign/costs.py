@@ -220,11 +220,14 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     costs fall back to ``est`` (no profile, or one rejected). Each target's shares are
     scaled to the cut-cost probe's whole-model time (``cut_info``'s ``wholes_s``) except for
     the ``foreign`` targets, which this process times on another device than their runners
-    (`collage_farm.campaign.timing_host`): theirs keep the runner's own whole-model time."""
-    table = campaign_table(opts)
+    (`collage_farm.campaign.timing_host`): theirs keep the runner's own whole-model time.
+    Every in-chain price of ``graph`` the table holds for this host and the other targets is
+    loaded first (`collage_farm.costtable.inchain`; ``in_chain_stored`` counts them)."""
+    path = campaign_table(opts)
+    table = CostTable(path) if path is not None else None
     farm_est = est if isinstance(est, FarmEstimator) else None  # the one that can profile
     outcomes = collect_profiles(
-        graph, opts.targets, table=CostTable(table) if table is not None else None,
+        graph, opts.targets, table=table,
         farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
         strictness=Strictness.parse(opts.strictness),
         whole_model=(lambda: builder.model_bytes(graph.all_mask)) if builder else None)
@@ -256,7 +259,7 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     pe = ProfiledEstimator(profiles, est, graph)
     # the prices an earlier campaign on this table set (a re-run, an offline search): its
     # last search ran with all of them, so this one starts where that one ended
-    stored = stored_in_chain_prices(CostTable(table) if table is not None else None, graph,
+    stored = stored_in_chain_prices(table, graph,
                                     [t for t in opts.targets if t.id in profiles
                                      and t.id not in foreign])
     pe.price_in_chain(stored)

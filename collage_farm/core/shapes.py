@@ -161,10 +161,12 @@ def probe_shapes(model: onnx.ModelProto, missing: list[str]) -> dict[str, Tensor
         except subprocess.TimeoutExpired:
             raise fail(f"ONNX Runtime did not finish in {PROBE_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:
-        sig = -done.returncode
-        what = (f"ONNX Runtime crashed ({signal.Signals(sig).name})" if sig > 0
-                and sig in signal.Signals._value2member_map_
-                else f"the probe exited with status {done.returncode}")
+        what = f"the probe exited with status {done.returncode}"
+        if done.returncode < 0:
+            try:
+                what = f"ONNX Runtime crashed ({signal.Signals(-done.returncode).name})"
+            except ValueError:  # a signal Python has no name for
+                what = f"ONNX Runtime crashed (signal {-done.returncode})"
         raise fail(f"{what}: {' '.join(done.stderr.split())[-300:]}")
     try:
         reply = json.loads(done.stdout.strip().splitlines()[-1])

@@ -9,6 +9,7 @@ so the ratio of two callables' round-``i`` medians is free of the drift between 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,23 @@ from dataclasses import dataclass
 from runners.base import MeasureConfig, Summary
 from runners.measure import time_callable
 
-__all__ = ["Interleaved", "measure_interleaved", "measure_interleaved_rounds"]
+__all__ = ["MAX_RUNS_PER_ROUND", "PLAN_ROUND_S", "Interleaved", "measure_interleaved",
+           "measure_interleaved_rounds", "runs_to_fill"]
+
+#: the round length plans are timed in (the never-worse run's ``min_round_s``): the cut-cost
+#: probe's whole models and the in-chain pricing of plans fill rounds this long too, so a plan
+#: is priced on the time base it is verified on
+PLAN_ROUND_S = 0.05
+#: the most runs of one chain in one round (a model of a few microseconds)
+MAX_RUNS_PER_ROUND = 2000
+
+
+def runs_to_fill(round_s: float, run_s: float) -> int:
+    """Runs of ``run_s`` seconds that fill ``round_s`` (at least 1, at most
+    `MAX_RUNS_PER_ROUND`)."""
+    if not run_s > 0:
+        return MAX_RUNS_PER_ROUND
+    return max(1, min(MAX_RUNS_PER_ROUND, math.ceil(round_s / run_s)))
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from collage_farm.core.graph import DataflowGraph
 from collage_farm.core.search import SearchResult
 from collage_farm.core.target import Target
 from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.execute.interleaved import PLAN_ROUND_S, runs_to_fill
 from collage_farm.postsearch.moves import order_parts
 from estimators.profiled import ProfiledEstimator
 
@@ -57,10 +58,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["InChainPrice", "PlanTiming", "price_best_plans", "time_plan_in_chain"]
 
-#: the shortest round per chain: the never-worse run's ``min_round_s``
-MIN_ROUND_S = 0.05
-#: the most runs of one chain in one round (a model of a few microseconds)
-MAX_RUNS_PER_ROUND = 2000
 
 
 @dataclass(frozen=True)
@@ -84,7 +81,7 @@ class InChainPrice:
     whole_now_s: float  # its target's whole model in the same rounds
     whole_base_s: float  # the time base its target's profile shares add up to
     penalty_s: float  # the transition penalty the search charged it on that plan
-    profile_s: float  # what its profile share answered before
+    profile_s: float  # what the estimator answered for it before (share, charges)
 
     def details(self) -> dict[str, float]:
         return {"in_chain_s": self.in_chain_s, "whole_now_s": self.whole_now_s,
@@ -98,14 +95,8 @@ class _Log:
     prices: list[InChainPrice] = field(default_factory=list)
 
 
-def _runs_to_fill(round_s: float, run_s: float) -> int:
-    if not run_s > 0:
-        return MAX_RUNS_PER_ROUND
-    return max(1, min(MAX_RUNS_PER_ROUND, math.ceil(round_s / run_s)))
-
-
 def time_plan_in_chain(builder: PlanBuilder, parts: Sequence[Part], targets: Sequence[Target],
-                       *, rounds: int = 5, min_round_s: float = MIN_ROUND_S) -> PlanTiming:
+                       *, rounds: int = 5, min_round_s: float = PLAN_ROUND_S) -> PlanTiming:
     """``parts`` (in executable order) run as one chain, each partition timed inside it, in
     ``rounds`` rotated rounds with each of ``targets``' whole models; every chain runs as many
     times per round as fill ``min_round_s``. Raises what building or running raises."""
@@ -119,7 +110,7 @@ def time_plan_in_chain(builder: PlanBuilder, parts: Sequence[Part], targets: Seq
         first, _ = ex.measure_in_chain(1, warmup=1, feeds=builder.feeds(ex))
         if first[0] < min_round_s:  # it sizes the rounds: warm it more
             first, _ = ex.measure_in_chain(1)
-        runs[label] = _runs_to_fill(min_round_s, first[0])
+        runs[label] = runs_to_fill(min_round_s, first[0])
     labels = list(chains)
     totals: dict[str, list[float]] = {k: [] for k in labels}
     per: dict[str, list[float]] = {}
@@ -153,7 +144,7 @@ def price_best_plans(graph: DataflowGraph, est: ProfiledEstimator,
     t0 = time.perf_counter()
     done = _Log()
     stopped, error = "rounds", ""
-    for _ in range(max(0, rounds) + 1):
+    while True:  # until a stop below: at most ``rounds`` plans are timed
         parts = result.partitions
         if len(parts) < 2:
             stopped = "single"

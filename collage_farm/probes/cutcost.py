@@ -65,6 +65,7 @@ from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import Target
 from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
 from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.execute.interleaved import PLAN_ROUND_S, runs_to_fill
 from runners.base import DeviceDescription, Kind, MeasureConfig, MeasureResult, Status, Summary
 from runners.registry import get_toolchain
 
@@ -75,9 +76,7 @@ __all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
-WHOLES_MIN_ROUND_S = 0.05
-#: the most runs of one chain in one round (a model of a few microseconds)
-MAX_RUNS_PER_ROUND = 2000
+WHOLES_MIN_ROUND_S = PLAN_ROUND_S
 
 
 @dataclass(frozen=True)
@@ -284,7 +283,7 @@ def _ready_chains(builder: PlanBuilder, masks: Sequence[int],
                 first, _ = ex.measure_in_chain(1)
             steps["warm_s"] = steps.get("warm_s", 0.0) + time.perf_counter() - t1
             chains[label] = ex
-            runs[label] = (_runs_to_fill(WHOLES_MIN_ROUND_S, first[0]) if wholes
+            runs[label] = (runs_to_fill(WHOLES_MIN_ROUND_S, first[0]) if wholes
                            else runs_per_round)
         except Exception as e:  # an op a target cannot run in some chunk, a build error
             skipped.append(f"{label}: {type(e).__name__}: {str(e)[:160]}")
@@ -304,14 +303,6 @@ def _mixed_points(layouts: dict[str, list[Target]], med: dict[str, list[float]],
         for j in range(1, len(nbytes)):  # chunk j entered from chunk j-1's other toolchain
             extra[ts[j].id].append((nbytes[j], med[label][j] - med[ts[j].id][j]))
     return extra
-
-
-def _runs_to_fill(round_s: float, run_s: float) -> int:
-    """Runs of ``run_s`` seconds that fill ``round_s`` (at least 1, at most
-    `MAX_RUNS_PER_ROUND`)."""
-    if not run_s > 0:
-        return MAX_RUNS_PER_ROUND
-    return max(1, min(MAX_RUNS_PER_ROUND, math.ceil(round_s / run_s)))
 
 
 def cut_fingerprint(graph: DataflowGraph, chunks: int, wholes: bool = False) -> str:
