@@ -29,6 +29,7 @@ from collage_farm.core.target import Target
 from collage_farm.core.transition import TransitionModel
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.execute.interleaved import plan_round_config
 from collage_farm.postsearch import never_worse
 from collage_farm.postsearch.moves import parts_of, plan_signature, to_search_result
 from collage_farm.postsearch.never_worse import VerifyResult
@@ -131,7 +132,7 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
     start = parts_of(result)
     ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
                  time_budget_s=opts.refine_time_s,
-                 config=MeasureConfig(rounds=5, min_round_s=0.02), pins=opts.pins,
+                 config=plan_round_config(5), pins=opts.pins,
                  builder=builder, extend_rounds=opts.verify_extend_rounds,
                  skip=_estimated_loser(graph, result, est, transition, opts.refine_skip_loss),
                  timed_later=_timed_anyway(graph, opts))
@@ -152,7 +153,7 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
         plans["refined"] = list(ref.parts)
     rounds = max(3, opts.verify_rounds)
     v = never_worse.verify(graph, plans, opts.targets,
-                           config=MeasureConfig(rounds=rounds, min_round_s=0.05),
+                           config=plan_round_config(rounds),
                            builder=builder, pins=opts.pins, min_rounds=opts.verify_min_rounds)
     med = v.median
     mix, mix_result = "dijkstra", result

@@ -33,6 +33,7 @@ from collage_farm.core.pins import PinSet
 from collage_farm.core.target import Target
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.execute.interleaved import plan_round_config
 from collage_farm.postsearch.moves import order_parts, plan_signature
 from collage_farm.postsearch.noise import NOISE_FLOOR, Paired, paired
 from runners.base import MeasureConfig, Summary
@@ -129,7 +130,7 @@ def verify(graph: DataflowGraph, plans: Mapping[str, Sequence[Part]],
     still honour the user's pins. ``min_rounds`` > 0: stop before ``config.rounds`` once
     `decision_is_clear` (from that many rounds on); `VerifyResult.rounds` is what ran.
     """
-    config = config or MeasureConfig(rounds=7, min_round_s=0.05)
+    config = config or plan_round_config(7)
     builder = builder or PlanBuilder(graph, threads=threads)
     entries: dict[str, tuple[Part, ...]] = {k: tuple(v) for k, v in plans.items()}
     singles = []
@@ -204,8 +205,7 @@ def mix_run(graph: DataflowGraph, parts: Sequence[Part], targets: Sequence[Targe
     """One interleaved run of the mix (as ``"mix"``) and the best single toolchain's whole
     model, or None when either fails to run in it."""
     t = [x for x in targets if x.id == best]
-    v = verify(graph, {"mix": parts}, t, config=MeasureConfig(rounds=rounds, min_round_s=0.05),
-               builder=builder)
+    v = verify(graph, {"mix": parts}, t, config=plan_round_config(rounds), builder=builder)
     return v if "mix" in v.summaries and best in v.summaries else None
 
 

@@ -38,6 +38,7 @@ from collage_farm.core.pins import PinSet
 from collage_farm.core.target import Target
 from collage_farm.execute import Interleaved
 from collage_farm.execute.builder import Part, PlanBuilder
+from collage_farm.execute.interleaved import plan_round_config
 from collage_farm.postsearch.moves import (
     default_supports,
     order_parts,
@@ -123,7 +124,7 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
     start = tuple(start)
     if trials <= 0:
         return RefineResult(start, start, (), 0, 0.0, "disabled")
-    config = config or MeasureConfig(rounds=5, min_round_s=0.02)
+    config = config or plan_round_config(5)
     builder = builder or PlanBuilder(graph, threads=threads)
     sup = supports or default_supports(graph)
     try:

@@ -7,11 +7,19 @@ The interleaved runner honours the rule: it asks after each full round and stops
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
+from collections.abc import Callable
 
 import numpy as np
 
-from collage_farm.execute.interleaved import measure_interleaved_rounds
+from collage_farm.execute.interleaved import (
+    PLAN_ROUND_S,
+    measure_interleaved_rounds,
+    plan_round_config,
+    runs_to_fill,
+)
 from collage_farm.postsearch.never_worse import decision_is_clear
 from runners.base import MeasureConfig
 
@@ -78,3 +86,26 @@ def test_the_interleaved_run_stops_where_the_rule_says() -> None:
     assert len(run.rounds["x"]) == 3 and run.summaries["y"].n >= 3
     full = measure_interleaved_rounds({"x": lambda: None}, cfg, lambda meds: False)
     assert len(full.rounds["x"]) == 7  # the upper limit
+
+
+def test_plan_rounds_fill_the_probe_round_with_at_least_one_run() -> None:
+    """An end-to-end run of plans times each in rounds of `PLAN_ROUND_S` with at least one
+    run: a plan longer than the round runs once a round (as the probe and in-chain pricing
+    time it), a short one as many times as fill the round."""
+    cfg = plan_round_config(3)
+    assert cfg.rounds == 3 and cfg.min_round_s == PLAN_ROUND_S and cfg.min_round_runs == 1
+    calls = {"long": 0, "short": 0}
+    spin = {"long": PLAN_ROUND_S * 1.2, "short": PLAN_ROUND_S / 4.5}
+
+    def busy(name: str) -> Callable[[], None]:
+        def run() -> None:
+            calls[name] += 1
+            end = time.perf_counter() + spin[name]
+            while time.perf_counter() < end:
+                pass
+        return run
+
+    got = measure_interleaved_rounds({k: busy(k) for k in calls},
+                                     dataclasses.replace(cfg, warmup_runs=0, outlier_ratio=0))
+    assert calls["long"] == 3 and got.summaries["long"].n == 3
+    assert calls["short"] == 3 * runs_to_fill(PLAN_ROUND_S, spin["short"]) == 15
