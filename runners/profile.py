@@ -56,7 +56,7 @@ from runners.topology import OnnxTopology
 __all__ = ["DEFAULT_TOLERANCE", "PER_KERNEL_TOLERANCE_S", "PROFILE_DETAIL", "PROFILE_PREFIX",
            "PROFILE_STEPS", "PROFILE_TIMEOUT_S", "OnnxTopology", "OperatorProfile",
            "PrefixProfiler", "ProfileMethod", "Profiler", "monotone_totals", "paired_segments",
-           "profile_config", "profile_measure", "thin_cuts"]
+           "profile_config", "profile_measure", "profiled_runs", "thin_cuts"]
 
 #: details key of a profile row: the `OperatorProfile` as JSON
 PROFILE_DETAIL = "profile"
@@ -82,6 +82,9 @@ class ProfileMethod(str, enum.Enum):
     ORT_TRACE = "ort-trace"  # ONNX Runtime session profiling, Node events' kernel durations
     OPENVINO_COUNTERS = "openvino-counters"  # InferRequest.get_profiling_info() per layer
     PREFIXES = "prefixes"  # differences of timed prefixes cut at thin cuts (no op timer)
+    # each chunk of the cut-cost probe's one-toolchain chain, timed inside the running chain
+    # (a toolchain with no op timer, when the campaign times that chain on the runners' device)
+    CHAIN = "probe-chain"
 
 
 @dataclass(frozen=True)
@@ -187,13 +190,30 @@ class Profiler(abc.ABC):
 #: killed gpt2-2L's OpenVINO profile on a loaded 2-core host, and every candidate on that
 #: target was then measured in isolation instead)
 PROFILE_TIMEOUT_S = 900.0
+#: seconds of profiled runs a profile request aims at (`profiled_runs`): 20 runs of a 100 ms
+#: model (and as many unprofiled rounds between them) were 4 of gpt2-2L's 8 s per profiled
+#: target; a long run averages itself, so fewer of them give as steady a per-kernel median
+PROFILE_RUNS_BUDGET_S = 1.0
+#: the fewest profiled runs a request takes, however long the model runs
+MIN_PROFILE_RUNS = 8
+
+
+def profiled_runs(asked: int, run_s: float) -> int:
+    """How many profiled runs a request that ``asked`` for that many takes of a model whose
+    warm run took ``run_s`` seconds: as many as fill `PROFILE_RUNS_BUDGET_S`, at least
+    `MIN_PROFILE_RUNS` (or ``asked`` if fewer) and at most ``asked``."""
+    asked = max(1, int(asked))
+    if not run_s > 0:
+        return asked
+    return min(asked, max(MIN_PROFILE_RUNS, math.ceil(PROFILE_RUNS_BUDGET_S / run_s)))
 
 
 def profile_config(rounds: int = 5, runs: int = 20, threads: int = 1,
                    timeout_s: float = PROFILE_TIMEOUT_S) -> MeasureConfig:
     """The `MeasureConfig` of a profile request: `PROFILE_MODE`; ``rounds`` rounds of the
-    unprofiled whole-model timing; ``runs`` profiled runs (``min_round_runs`` carries it);
-    ``timeout_s`` the worker's limit for all of it."""
+    unprofiled whole-model timing; up to ``runs`` profiled runs (``min_round_runs`` carries
+    it; a model whose run is long takes fewer, `profiled_runs`); ``timeout_s`` the worker's
+    limit for all of it."""
     return MeasureConfig(mode=PROFILE_MODE, rounds=rounds, min_round_runs=runs,
                          threads=threads, timeout_s=timeout_s)
 
@@ -227,7 +247,6 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
                                     f"toolchain {tc.name} has no per-operator profiler",
                                     config, kind=Kind.PROFILED)
     source = onnx_bytes if onnx_bytes is not None else build.artifact
-    runs = max(1, int(config.min_round_runs))
     if isinstance(profiler, PrefixProfiler):
         return _prefix_result(profiler, inp, source, t0)
     steps: dict[str, float] = {}
@@ -238,6 +257,8 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
         return MeasureResult.failed(build, Status.RUNTIME_ERROR, f"the whole model does not "
                                     f"run: {type(e).__name__}: {e}"[:4000], config,
                                     kind=Kind.PROFILED, measure_s=time.perf_counter() - t0)
+    runs = profiled_runs(config.min_round_runs, between.warm_s)
+    steps["profiled_runs"] = float(runs)
     t1 = time.perf_counter()
     try:
         prof: OperatorProfile | None = profiler.profile(
@@ -294,6 +315,7 @@ class _Unprofiled:
         self.config = config
         self.samples = samples
         self.seconds = 0.0
+        self.warm_s = 0.0  # the warm-up's run (`_unprofiled_timer`)
 
     def __call__(self) -> None:
         t0 = time.perf_counter()
@@ -312,10 +334,14 @@ class _Unprofiled:
 def _unprofiled_timer(tc: Toolchain, build: BuildResult, config: MeasureConfig,
                       samples: list[float]) -> _Unprofiled:
     """The whole model readied (`Toolchain.timer`) and warmed up (``config.warmup_runs``)
-    for `_Unprofiled` rounds that append to ``samples``; raises when it does not run."""
+    for `_Unprofiled` rounds that append to ``samples`` (its ``warm_s``: the warm-up's timed
+    run); raises when it does not run."""
     timer = tc.timer(build, dataclasses.replace(config, mode="warm"))
-    timer(dataclasses.replace(config, mode="warm", rounds=1, min_round_runs=1, min_round_s=0))
-    return _Unprofiled(timer, config, samples)
+    warm = timer(dataclasses.replace(config, mode="warm", rounds=1, min_round_runs=1,
+                                     min_round_s=0))
+    out = _Unprofiled(timer, config, samples)
+    out.warm_s = float(statistics.median(warm)) if warm else 0.0
+    return out
 
 
 def _prefix_config(config: MeasureConfig) -> MeasureConfig:

@@ -34,7 +34,9 @@ from runners.base import (
 from runners.onnx_base import DigestMemo
 from runners.ort import OrtCpuToolchain
 from runners.profile import (
+    MIN_PROFILE_RUNS,
     PROFILE_DETAIL,
+    PROFILE_RUNS_BUDGET_S,
     PROFILE_STEPS,
     OperatorProfile,
     PrefixProfiler,
@@ -42,6 +44,7 @@ from runners.profile import (
     paired_segments,
     profile_config,
     profile_measure,
+    profiled_runs,
     thin_cuts,
 )
 from runners.profilers import OrtTraceProfiler
@@ -145,6 +148,32 @@ def test_unprofiled_rounds_interleave_with_the_profiled_runs(mnist) -> None:  # 
         assert steps["prefix_builds"] >= 1
     got = _steps(res)
     assert got["unprofiled_s"] == steps["unprofiled_s"] and got["measure_s"] > 0
+
+
+def test_profiled_runs_fill_a_budget_between_a_floor_and_what_was_asked() -> None:
+    """A long model takes as many profiled runs as fill the budget, never fewer than the
+    floor, never more than asked; an unknown run time takes what was asked."""
+    assert profiled_runs(20, 0.1) == max(MIN_PROFILE_RUNS, round(PROFILE_RUNS_BUDGET_S / 0.1))
+    assert profiled_runs(20, 0.5) == MIN_PROFILE_RUNS
+    assert profiled_runs(20, 40e-6) == 20 and profiled_runs(5, 2.0) == 5
+    assert profiled_runs(20, 0.0) == 20 and profiled_runs(0, 1.0) == 1
+
+
+def test_a_request_takes_the_profiled_runs_its_model_needs(mnist, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The worker sizes the profiled runs (and the unprofiled rounds between them) by the
+    warm-up's run: with a budget a mnist run overfills, it takes the floor, and says so."""
+    graph, data = mnist
+    monkeypatch.setattr("runners.profile.PROFILE_RUNS_BUDGET_S", 1e-9)
+    monkeypatch.setattr("runners.profile.MIN_PROFILE_RUNS", 3)
+    tc = _CountingOrt()
+    b = tc.build(BuildInput(profile_fingerprint(graph), ORT, data))
+    res = profile_measure(tc, MeasureInput(b, profile_config(rounds=2, runs=7)), data)
+    assert res.ok, res.error
+    steps = json.loads(str(dict(res.details)[PROFILE_STEPS]))
+    assert steps["profiled_runs"] == 3
+    prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
+    if prof.method is ProfileMethod.ORT_TRACE:  # else a loaded host rejected the trace
+        assert prof.runs == 3 and len(res.samples) == 3
 
 
 def test_litert_profile_times_no_separate_whole_model(mnist) -> None:  # type: ignore[no-untyped-def]
