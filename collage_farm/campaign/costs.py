@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from collage_farm.campaign.options import CostSource, TuneOptions, campaign_table
 from collage_farm.core.graph import DataflowGraph
@@ -28,8 +30,13 @@ from collage_farm.execute.builder import PlanBuilder
 from collage_farm.farm import Farm
 from collage_farm.postsearch.inchain import price_best_plans
 from collage_farm.postsearch.vela_whole import ethos_u_board
-from collage_farm.probes.cutcost import cached_cut_costs
-from collage_farm.probes.profiles import collect_profiles, table_has_profiles
+from collage_farm.probes.cutcost import build_probe_sessions, cached_cut_costs
+from collage_farm.probes.profiles import (
+    collect_profiles,
+    prefix_profiled,
+    profile_from_chain,
+    table_has_profiles,
+)
 from collage_farm.probes.transitions import measured_transition_model
 from estimators.base import CostEstimator
 from estimators.int8_ranges import channel_means_provider, tensor_ranges_provider
@@ -47,6 +54,7 @@ from estimators.sources import RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
 from runners.cortex_m import host_of
+from runners.profile import OperatorProfile
 from runners.registry import capabilities_for_target
 
 log = logging.getLogger(__name__)
@@ -183,6 +191,30 @@ def with_requantise(targets: Sequence[Target], transition: TransitionModel) -> T
     return WithRequantise(transition, {t.id: charge for t in wide})
 
 
+def start_probe_builds(opts: TuneOptions, graph: DataflowGraph, builder: PlanBuilder,
+                       pool: ThreadPoolExecutor) -> Future[dict[str, Any]] | None:
+    """The cut-cost probe's sessions being built into ``builder`` on ``pool``
+    (`collage_farm.probes.cutcost.build_probe_sessions`), for a farm campaign to start before
+    Ray does: Ray's start-up times nothing, so building beside it biases no measurement, and
+    the probe then finds its sessions built. The caller waits for the result before anything
+    is timed. None when the campaign will not probe now: not a farm campaign, cut costs off,
+    fewer than two live toolchains, or the table holds this model's probe already."""
+    if not opts.cut_costs or opts.estimator is not CostSource.FARM:
+        return None
+    live = [t for t in opts.targets if t.toolchain not in SIMULATED_TOOLCHAINS]
+    if len({t.toolchain for t in live}) < 2:
+        return None
+    wholes = measure_strategy(opts, graph) is MeasureStrategy.PROFILE
+    table = campaign_table(opts)
+    try:
+        if table is not None and Path(table).is_dir() and cached_cut_costs(
+                CostTable(table), graph, live, measure=False, wholes=wholes) is not None:
+            return None
+    except Exception:  # an unreadable table: the probe itself says so, later
+        return None
+    return pool.submit(build_probe_sessions, graph, live, builder, wholes=wholes)
+
+
 def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],
                    transition: TransitionModel, table: Path | None = None,
                    campaign_id: str = "", measure: bool = True,
@@ -222,15 +254,21 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     the ``foreign`` targets, which this process times on another device than their runners
     (`collage_farm.campaign.timing_host`): theirs keep the runner's own whole-model time.
     Every in-chain price of ``graph`` the table holds for this host and the other targets is
-    loaded first (`collage_farm.costtable.inchain`; ``in_chain_stored`` counts them)."""
+    loaded first (`collage_farm.costtable.inchain`; ``in_chain_stored`` counts them). A
+    target whose toolchain has no per-operator timer (its request would time prefixes) takes
+    its profile from the probe's one-toolchain chain instead, where the probe timed it here
+    and the target is not ``foreign`` (`collage_farm.probes.profiles.profile_from_chain`): no
+    request goes out for it."""
     path = campaign_table(opts)
     table = CostTable(path) if path is not None else None
     farm_est = est if isinstance(est, FarmEstimator) else None  # the one that can profile
+    chained, chain_note = _chain_profiles(opts, graph, cut_info, foreign)
     outcomes = collect_profiles(
         graph, opts.targets, table=table,
         farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
         strictness=Strictness.parse(opts.strictness),
-        whole_model=(lambda: builder.model_bytes(graph.all_mask)) if builder else None)
+        whole_model=(lambda: builder.model_bytes(graph.all_mask)) if builder else None,
+        given=chained)
     same = (cut_info or {}).get("same_cuts_s") or {}
     wholes = (cut_info or {}).get("wholes_s") or {}  # every target's whole, one time base
     base = {k: v for k, v in wholes.items() if k not in foreign}  # this device's only
@@ -255,7 +293,8 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
                             "differences at thin cuts instead")
     info = {"targets": {k: o.to_json() for k, o in outcomes.items()},
             "profiled_targets": sorted(profiles), "runs": sum(o.ran for o in outcomes.values()),
-            "warnings": warnings, "same_cuts_s": same, "wholes_s": wholes}
+            "warnings": warnings, "same_cuts_s": same, "wholes_s": wholes,
+            "chain_profiles": chain_note}
     pe = ProfiledEstimator(profiles, est, graph)
     # the prices an earlier campaign on this table set (a re-run, an offline search): its
     # last search ran with all of them, so this one starts where that one ended
@@ -265,6 +304,28 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     pe.price_in_chain(stored)
     info["in_chain_stored"] = len(stored)
     return pe, info
+
+
+def _chain_profiles(opts: TuneOptions, graph: DataflowGraph, cut_info: dict | None,
+                    foreign: Collection[str]) -> tuple[dict[str, OperatorProfile], dict[str, str]]:
+    """The profiles the probe's one-toolchain chains give the targets with no per-operator
+    timer that are not ``foreign`` (`profile_from_chain`), and per such target what its
+    profile comes from: the chain, or a request and why (no chain, or one
+    `OperatorProfile.problem` rejects under ``opts.profile_tolerance``)."""
+    chained: dict[str, OperatorProfile] = {}
+    note: dict[str, str] = {}
+    for t in opts.targets:
+        if t.id in foreign or t.toolchain in SIMULATED_TOOLCHAINS or not prefix_profiled(t):
+            continue
+        prof = profile_from_chain(graph, cut_info, t.id)
+        why = ("the probe timed no chain of it" if prof is None
+               else prof.problem(opts.profile_tolerance))
+        if prof is not None and not why:
+            chained[t.id] = prof
+            note[t.id] = "the cut-cost probe's chain"
+        else:
+            note[t.id] = f"a profile request: {why}"
+    return chained, note
 
 
 def price_in_chain(graph: DataflowGraph, est: ProfiledEstimator, result: SearchResult,

@@ -78,6 +78,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ from collage_farm.campaign.costs import (
     measure_strategy,
     price_in_chain,
     profiled_estimator,
+    start_probe_builds,
     with_cut_costs,
     with_requantise,
 )
@@ -260,12 +262,20 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
 
     own = estimator is None
     table = campaign_table(opts)
-    # a farm campaign's one writer on its cost table: candidates, transitions and cut costs
-    est, writer = make_estimator(opts, graph) if estimator is None else (estimator, None)
-    post: PostSearch | None = None
     # one session cache for the cut-cost probe and the end-to-end runs after the search: the
     # never-worse run's whole models are the probe's, built once
     builder = PlanBuilder(graph, threads=1)
+    # the probe's sessions are built while Ray starts (nothing is timed until both are done)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="probe-builds") if own else None
+    early = start_probe_builds(opts, graph, builder, pool) if pool is not None else None
+    try:
+        # a farm campaign's one writer on its cost table: candidates, transitions, cut costs
+        est, writer = make_estimator(opts, graph) if estimator is None else (estimator, None)
+    finally:
+        early_builds = early.result() if early is not None else None
+        if pool is not None:
+            pool.shutdown()
+    post: PostSearch | None = None
     farm_est = est  # the measuring estimator, before profile mode wraps it
     # the device this process times plans on, against the runners' (a cluster's head is not)
     timing_host = (plan_timing_host(opts.targets, est.farm)
@@ -285,6 +295,8 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
                                                   table, campaign_id,
                                                   measure=est.kind.measures, writer=writer,
                                                   wholes=profile_mode, builder=builder)
+            if cut_info is not None and early_builds is not None:
+                cut_info["built_while_ray_started"] = early_builds
         clock.lap("cut_costs")
         profile_info: dict | None = None
         if profile_mode and ethos_u_board(opts.targets) is not None:  # simulated board

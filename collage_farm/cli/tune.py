@@ -36,6 +36,7 @@ from collage_farm.core.target import (
 from collage_farm.core.transition import TransitionModel
 from collage_farm.report.summary import plural, story_text
 from estimators.profiled import MeasureStrategy
+from runners.profile import ProfileMethod
 
 __all__ = ["add_tune_parser", "print_summary", "run_tune"]
 
@@ -287,8 +288,12 @@ def print_summary(s: dict[str, Any]) -> None:
         screened = (f"{plural(int(scr.get('measured', 0)), 'uncertain candidate')} on "
                     f"{plural(int(scr.get('plans', 0)), 'best plan')} measured in isolation"
                     if scr.get("measured") else "no candidate measured in isolation")
+        chained = sorted(t for t, o in ((s.get("profile") or {}).get("targets") or {}).items()
+                         if (o or {}).get("method") == ProfileMethod.CHAIN.value)
         print(f"costs from in-network profiles: {plural(int(s.get('profiled', 0)), 'profile run')}"
-              f" sent now (per-operator shares of each target's whole model); {screened}")
+              f" sent now (per-operator shares of each target's whole model"
+              + (f"; {', '.join(chained)}: the cut-cost probe's chunks, timed in chain"
+                 if chained else "") + f"); {screened}")
         chain = s.get("inchain") or {}
         stored = int((s.get("profile") or {}).get("in_chain_stored") or 0)
         if chain.get("plans") or stored:

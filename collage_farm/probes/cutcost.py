@@ -51,6 +51,7 @@ candidates the lazy search asks for, do not change from run to run with the mach
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import statistics
@@ -71,8 +72,9 @@ from runners.registry import get_toolchain
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "cached_cut_costs", "chunk_masks",
-           "cut_fingerprint", "measure_cut_costs", "slice_cuts"]
+__all__ = ["CUT_PREFIX", "WHOLES_MIN_ROUND_S", "CutCosts", "build_probe_sessions",
+           "cached_cut_costs", "chunk_bounds",
+           "chunk_masks", "cut_fingerprint", "masks_of", "measure_cut_costs", "slice_cuts"]
 
 CUT_PREFIX = "cutcost:"
 #: a ``wholes`` probe's shortest round per chain: the never-worse run's ``min_round_s``
@@ -110,6 +112,10 @@ class CutCosts:
     #: bounds, a slicing toolchain's whole compilation included), ``build_s`` (the chains'
     #: sessions), ``warm_s`` (each chain's warm-up and proving runs), ``rounds_s``
     steps_s: dict[str, float] = field(default_factory=dict)
+    #: the chunks' bounds in the graph's node order (``chunks + 1`` positions, `chunk_bounds`;
+    #: empty when read back from rows that predate them): chunk ``j`` is nodes
+    #: ``bounds[j]:bounds[j+1]``, the nodes ``chunk_s`` times
+    bounds: tuple[int, ...] = ()
 
     def row_details(self, tid: str) -> tuple[tuple[str, Any], ...]:
         """Target ``tid``'s cost-table row details (`cached_cut_costs`; `from_rows` reads
@@ -125,6 +131,8 @@ class CutCosts:
                     *((("cut_cap_s", line.cap_s),) if math.isfinite(line.cap_s) else ())]
         if tid in self.chunk_s and self.chunk_bytes:
             out += [("chunk_s", list(self.chunk_s[tid])), ("chunk_bytes", list(self.chunk_bytes))]
+        if self.bounds:
+            out.append(("chunk_bounds", list(self.bounds)))
         return tuple(out)
 
     @staticmethod
@@ -138,11 +146,13 @@ class CutCosts:
                                 float(d.get("cut_cap_s", math.inf)))
                    for k, d in details.items() if "cut_fixed_s" in d and "cut_per_byte_s" in d}
         nbytes = next((tuple(int(b) for b in v) for v in each("chunk_bytes").values()), ())
+        bounds = next((tuple(int(b) for b in v) for v in each("chunk_bounds").values()), ())
         return CutCosts(cuts, chunks, 0, cached=True,
                         same_cuts={k: float(v) for k, v in each("same_cut_s").items()},
                         wholes_s={k: float(v) for k, v in each("whole_s").items()},
                         charges=charges, chunk_bytes=nbytes,
-                        chunk_s={k: [float(x) for x in v] for k, v in each("chunk_s").items()})
+                        chunk_s={k: [float(x) for x in v] for k, v in each("chunk_s").items()},
+                        bounds=bounds)
 
     def to_json(self) -> dict[str, Any]:
         out = {"cuts_s": dict(self.cuts), "chunks": self.chunks, "rounds": self.rounds,
@@ -160,17 +170,20 @@ class CutCosts:
             out["chunk_bytes"] = list(self.chunk_bytes)
         if self.chunk_s:
             out["chunk_s"] = {k: list(v) for k, v in self.chunk_s.items()}
+        if self.bounds:
+            out["chunk_bounds"] = list(self.bounds)
         if self.steps_s:
             out["steps_s"] = dict(self.steps_s)
         return out
 
 
-def chunk_masks(graph: DataflowGraph, chunks: int,
-                cuts: Collection[int] | None = None) -> list[int]:
-    """``chunks`` contiguous runs of the topological order (node bitsets), none empty. With
-    ``cuts`` (positions between nodes: `Toolchain.slice_cuts`), each inner bound, left to
-    right, moves to the nearest position in ``cuts`` (the earlier of two as near) that lies
-    after the bound before it and before the next bound, where there is one."""
+def chunk_bounds(graph: DataflowGraph, chunks: int,
+                 cuts: Collection[int] | None = None) -> list[int]:
+    """The bounds (``chunks + 1`` positions in the topological order, first 0, last the node
+    count) of ``chunks`` contiguous runs of it, none empty. With ``cuts`` (positions between
+    nodes: `Toolchain.slice_cuts`), each inner bound, left to right, moves to the nearest
+    position in ``cuts`` (the earlier of two as near) that lies after the bound before it and
+    before the next bound, where there is one."""
     n = len(graph.nodes)
     k = max(1, min(int(chunks), n))
     bounds = [round(i * n / k) for i in range(k + 1)]
@@ -178,7 +191,19 @@ def chunk_masks(graph: DataflowGraph, chunks: int,
         near = [p for p in cuts or () if bounds[i - 1] < p < bounds[i + 1]]
         if near:
             bounds[i] = min(near, key=lambda p: (abs(p - bounds[i]), p))
-    return [sum(1 << j for j in range(bounds[i], bounds[i + 1])) for i in range(k)]
+    return bounds
+
+
+def masks_of(bounds: Sequence[int]) -> list[int]:
+    """The node bitsets of the chunks between consecutive ``bounds`` (`chunk_bounds`)."""
+    return [sum(1 << j for j in range(a, b)) for a, b in itertools.pairwise(bounds)]
+
+
+def chunk_masks(graph: DataflowGraph, chunks: int,
+                cuts: Collection[int] | None = None) -> list[int]:
+    """``chunks`` contiguous runs of the topological order (node bitsets), none empty: the
+    runs between `chunk_bounds`."""
+    return masks_of(chunk_bounds(graph, chunks, cuts))
 
 
 def slice_cuts(builder: PlanBuilder, targets: Sequence[Target]) -> frozenset[int] | None:
@@ -189,6 +214,36 @@ def slice_cuts(builder: PlanBuilder, targets: Sequence[Target]) -> frozenset[int
              for tc in dict.fromkeys(t.toolchain for t in targets)]
     sets = [c for c in found if c is not None]
     return frozenset.intersection(*sets) if sets else None
+
+
+def build_probe_sessions(graph: DataflowGraph, targets: Sequence[Target], builder: PlanBuilder,
+                         *, chunks: int = 6, wholes: bool = False) -> dict[str, Any]:
+    """Build into ``builder`` the sessions `measure_cut_costs` on the same arguments starts
+    from (each target's chunks and, with ``wholes``, its whole model), timing nothing, so a
+    campaign can build them while something else that times nothing (Ray starting) runs.
+    Never raises: a chain that fails to build is left for the probe, which builds it again
+    and names it in ``skipped``. What it did: ``built`` (chains), ``failed``, ``seconds``."""
+    t0 = time.perf_counter()
+    built, failed = 0, []
+    k = max(1, min(int(chunks), len(graph.nodes)))
+    targets = list(dict.fromkeys(targets))
+    if k >= 2 and len(targets) >= 2:
+        try:
+            masks = masks_of(chunk_bounds(graph, k, slice_cuts(builder, targets)))
+        except Exception as e:
+            return {"built": 0, "failed": [f"bounds: {type(e).__name__}: {str(e)[:160]}"],
+                    "seconds": time.perf_counter() - t0}
+        for t in targets:
+            layouts = [[Part(m, t) for m in masks]]
+            if wholes:
+                layouts.append([Part(graph.all_mask, t)])
+            for parts in layouts:
+                try:
+                    builder.executor(parts, sliced=True)
+                    built += 1
+                except Exception as e:
+                    failed.append(f"{t.id}: {type(e).__name__}: {str(e)[:160]}")
+    return {"built": built, "failed": failed, "seconds": time.perf_counter() - t0}
 
 
 def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks: int = 6,
@@ -207,7 +262,8 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     if k < 2 or len(targets) < 2:
         return CutCosts({t.id: 0.0 for t in targets}, k, 0)
     builder = builder or PlanBuilder(graph, threads=1)
-    masks = chunk_masks(graph, k, slice_cuts(builder, targets))
+    bounds = chunk_bounds(graph, k, slice_cuts(builder, targets))
+    masks = masks_of(bounds)
     steps = {"cuts_s": time.perf_counter() - t0}
     layouts: dict[str, list[Target]] = {t.id: [t] * len(masks) for t in targets}
     if wholes:
@@ -248,7 +304,7 @@ def measure_cut_costs(graph: DataflowGraph, targets: Sequence[Target], *, chunks
     out = CutCosts(cuts, len(masks), done, tuple(skipped), chain_s, time.perf_counter() - t0,
                    same_cuts=same, wholes_s=wholes_s, runs=runs, charges=charges,
                    chunk_bytes=nbytes, chunk_s=med,
-                   steps_s={k: round(v, 3) for k, v in steps.items()})
+                   steps_s={k: round(v, 3) for k, v in steps.items()}, bounds=tuple(bounds))
     log.info("cut costs for %s: %s (%d chunks, %d rounds, %.1f s)", graph.name,
              {k: f"{c.fixed_s * 1e6:.0f} us + {c.per_byte_s * 1e9:.2f} us/KB"
               for k, c in charges.items()}, len(masks), done, out.wall_s)

@@ -10,6 +10,14 @@ kind ``profiled`` in the cost table, fingerprint ``profile:<whole-model structur
 machine reads the row back instead of profiling again (so a re-run profiles nothing and
 searches the same costs); an offline campaign reads it under its strictness.
 
+A toolchain with no per-operator timer of its own (LiteRT: its profile would be prefix
+differences) need not be profiled at all where the campaign's cut-cost probe timed its
+one-toolchain chain on the runners' device: each chunk of that chain, timed inside the running
+chain, is a segment of the whole model (`profile_from_chain`, method ``probe-chain``); the
+campaign hands such profiles in as ``given`` and no request goes out for them. They are not
+written as profile rows: the probe's own rows carry the chunks and their times, so a re-run or
+an offline search reads the same profile back from them.
+
 Simulated toolchains (Vela, the Cortex-M cycle model) are not profiled here: their figures
 are deterministic and their per-operator cycles are already in each row; an Ethos-U board's
 profile is a few ordinary builds of Vela's own split (`collage_farm.probes.board_profiles`).
@@ -17,6 +25,7 @@ profile is a few ordinary builds of Vela's own split (`collage_farm.probes.board
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -35,12 +44,16 @@ from runners.profile import (
     PROFILE_PREFIX,
     PROFILE_STEPS,
     OperatorProfile,
+    PrefixProfiler,
+    ProfileMethod,
     profile_config,
 )
+from runners.registry import get_toolchain
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProfileOutcome", "collect_profiles", "profile_fingerprint", "table_has_profiles"]
+__all__ = ["ProfileOutcome", "collect_profiles", "prefix_profiled", "profile_fingerprint",
+           "profile_from_chain", "table_has_profiles"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,41 @@ def table_has_profiles(table: CostTable, graph: DataflowGraph) -> bool:
         return False
     fp = profile_fingerprint(graph)
     return table.read(filters={"fingerprint": fp}, columns=["fingerprint"]).num_rows > 0
+
+
+def prefix_profiled(target: Target) -> bool:
+    """Whether ``target``'s toolchain has no per-operator timer of its own: its profile request
+    would time prefixes (`runners.profile.PrefixProfiler`)."""
+    return isinstance(get_toolchain(target.toolchain).profiler(), PrefixProfiler)
+
+
+def profile_from_chain(graph: DataflowGraph, cut_info: Mapping | None, target_id: str
+                       ) -> OperatorProfile | None:
+    """Target ``target_id``'s profile read off the cut-cost probe (``cut_info``: the probe's
+    JSON, `collage_farm.probes.cutcost.CutCosts.to_json`, measured now or read back): one
+    group per chunk of the target's one-toolchain chain (its nodes, ``chunk_bounds`` in the
+    graph's node order; its median seconds inside the running chain, ``chunk_s``, less one
+    same-toolchain cut, ``same_cuts_s``, for every chunk another chunk feeds, floored at 0:
+    what entering it costs is the cut's, charged apart), the whole model's time from the same
+    rounds (``wholes_s``) as ``whole_s``. None when the probe has no such chain for the target
+    (not run, skipped, rows of an older version, another graph). On a model of tens of
+    microseconds the chunks' own times are within the noise of their cuts' and the profile
+    fails `OperatorProfile.problem`; the caller profiles such a target by request instead."""
+    info = cut_info or {}
+    bounds = [int(b) for b in info.get("chunk_bounds") or ()]
+    chunk_s = (info.get("chunk_s") or {}).get(target_id)
+    whole = float((info.get("wholes_s") or {}).get(target_id) or 0.0)
+    cut = max(0.0, float((info.get("same_cuts_s") or {}).get(target_id) or 0.0))
+    if (not chunk_s or len(bounds) != len(chunk_s) + 1 or not whole > 0
+            or bounds[0] != 0 or bounds[-1] != len(graph.nodes)
+            or any(b <= a for a, b in itertools.pairwise(bounds))):
+        return None
+    names = [n.name for n in graph.nodes]
+    groups = tuple((tuple(names[a:b]), max(0.0, float(s) - (cut if j else 0.0)))
+                   for j, ((a, b), s) in enumerate(zip(itertools.pairwise(bounds), chunk_s)))
+    return OperatorProfile(ProfileMethod.CHAIN, groups, runs=int(info.get("rounds") or 0),
+                           whole_s=whole, kernels=len(groups),
+                           notes="chunks of the cut-cost probe's one-toolchain chain")
 
 
 def _from_row(target: Target, row: CostRow) -> ProfileOutcome:
@@ -129,13 +177,15 @@ def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
                      table: CostTable | None, farm: MeasurementService | None = None,
                      store: CostStore | None = None,
                      strictness: Strictness = Strictness.EXACT,
-                     whole_model: Callable[[], bytes] | None = None
+                     whole_model: Callable[[], bytes] | None = None,
+                     given: Mapping[str, OperatorProfile] | None = None
                      ) -> dict[str, ProfileOutcome]:
     """Every live target's profile of ``graph`` (module docstring), by target id.
 
     Rows of ``table`` answer first (the device and toolchain version ``farm`` reports, under
-    ``strictness``); the rest are profiled on ``farm`` and recorded in ``store``, when both
-    are given, else they have none. Never raises for a profile run that fails: its outcome
+    ``strictness``); then ``given`` (target id -> a profile the campaign already has:
+    `profile_from_chain`); the rest are profiled on ``farm`` and recorded in ``store``, when
+    both are given, else they have none. Never raises for a profile run that fails: its outcome
     carries the runner's error. ``whole_model`` gives the whole model as ONNX bytes when a
     profile request needs it (a campaign's plan builder has it extracted already; default:
     extracted here).
@@ -145,6 +195,9 @@ def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
     out: dict[str, ProfileOutcome] = {}
     if table is not None and table.path.is_dir():
         out.update(_lookup(table, fp, live, farm, strictness))
+    for t in live:
+        if t.id not in out and (given or {}).get(t.id) is not None:
+            out[t.id] = ProfileOutcome(t.id, (given or {})[t.id])
     todo = [t for t in live if t.id not in out]
     if not todo or farm is None or store is None:
         for t in todo:

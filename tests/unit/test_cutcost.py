@@ -24,6 +24,7 @@ from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.execute.executor import PlanExecutor
 from collage_farm.probes import cutcost
 from collage_farm.probes.cutcost import (
+    build_probe_sessions,
     cached_cut_costs,
     chunk_masks,
     cut_fingerprint,
@@ -90,6 +91,33 @@ def test_a_wholes_probe_fills_each_round_like_the_verify_run() -> None:
     assert cc.to_json()["runs_per_round"] == cc.runs
     plain = measure_cut_costs(g, targets, chunks=3, rounds=1, runs_per_round=3)
     assert set(plain.runs.values()) == {3}  # without wholes: as asked
+
+
+def test_sessions_built_ahead_are_the_ones_the_probe_times() -> None:
+    """`build_probe_sessions` builds each target's chunks and whole model into the builder;
+    the probe on the same builder then builds nothing of those chains again (its builds are
+    the mixed chains, whose chunks are all cached), and its chunks are the same bounds."""
+    g = load_graph(zoo.build("mnist"), name="mnist")
+    targets = [T["ort-cpu"], T["openvino-cpu"]]
+    builder = PlanBuilder(g)
+    made: list[tuple[int, str]] = []
+    real = cutcost.PlanBuilder.runtime
+
+    def counting(self, k, part, estimated_s=0.0, *, sliced=False):  # type: ignore[no-untyped-def]
+        key = (part.mask, part.target.id, sliced and part.mask != self.graph.all_mask)
+        if key not in self._cache:
+            made.append((part.mask, part.target.id))
+        return real(self, k, part, estimated_s, sliced=sliced)
+
+    with mock.patch.object(cutcost.PlanBuilder, "runtime", counting):
+        ahead = build_probe_sessions(g, targets, builder, chunks=3, wholes=True)
+        assert ahead["built"] == 4 and ahead["failed"] == [] and ahead["seconds"] > 0
+        assert len(made) == 2 * (3 + 1)  # each target's 3 chunks and its whole model
+        made.clear()
+        cc = measure_cut_costs(g, targets, chunks=3, rounds=1, builder=builder, wholes=True)
+    assert made == [] and not cc.skipped
+    assert [sum(1 << j for j in range(a, b)) for a, b in itertools.pairwise(cc.bounds)] \
+        == chunk_masks(g, 3)
 
 
 def test_a_target_that_cannot_run_a_chunk_is_skipped_not_fatal() -> None:
