@@ -73,8 +73,9 @@ def already_decided(graph: DataflowGraph, opts: TuneOptions, table: Path | None,
 def reuse_decision(graph: DataflowGraph, opts: TuneOptions, table: Path | None,
                     est: CostEstimator, transition: TransitionModel, result: SearchResult
                     ) -> tuple[SearchResult, PlanDecision | None]:
-    """Offline: the plan a measured campaign wrote for the search plan found now, if one is
-    recorded in ``table``; else ``result`` unchanged."""
+    """The plan a measured campaign wrote for the search plan found now, if one is recorded in
+    ``table`` (an offline search, or a re-run that times nothing again); else ``result``
+    unchanged."""
     decision = recorded_decision(graph, opts, table, result)
     if decision is None:
         return result, None

@@ -21,7 +21,9 @@ it refines the plan with measured local moves (`collage_farm.postsearch.refine`)
 the Dijkstra plan, the refined plan and every searched target's whole model in one interleaved
 run (`collage_farm.postsearch.never_worse`); the mix is written only if it beats the best
 single toolchain beyond noise, else that toolchain's whole model is (never worse). Mock and
-offline campaigns skip this and say so. Every campaign writes ``report.html`` beside the plan
+offline campaigns skip this and say so; so does a re-run whose search plan an earlier campaign
+on the table decided on end to end (its decision row): it writes that campaign's plan, as an
+offline search does, unless ``reconfirm``. Every campaign writes ``report.html`` beside the plan
 unless told not to.
 
 How candidates get costs is ``TuneOptions.measure`` (`estimators.profiled.MeasureStrategy`):
@@ -341,7 +343,12 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
                                                opts.targets, rounds=opts.confirm_rounds,
                                                lazy=lazy)
         clock.lap("confirm")
-        if measured and (opts.verify or opts.refine_trials > 0):
+        # a re-run that reaches a search plan an earlier campaign decided on end to end
+        # writes that campaign's plan and times nothing (unless --reconfirm): two toolchains
+        # within noise of each other would otherwise swap places from run to run
+        decided_before = bool(measured and (opts.verify or opts.refine_trials > 0)
+                              and already_decided(graph, opts, table, result) is not None)
+        if measured and (opts.verify or opts.refine_trials > 0) and not decided_before:
             pso = post_search_options(opts)
             if isinstance(est, ProfiledEstimator):  # prices any plan without measuring
                 pso = for_profile_mode(pso)
@@ -352,7 +359,7 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
                 record_decision(writer, graph, opts, result, post)
         decision: PlanDecision | None = None
         searched = result  # the Dijkstra plan, before a recorded decision replaces it
-        if est.kind is EstimatorKind.TABLE:
+        if est.kind is EstimatorKind.TABLE or decided_before:
             result, decision = reuse_decision(graph, opts, table, est, transition, result)
         clock.lap("decision")
     finally:

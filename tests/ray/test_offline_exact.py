@@ -3,11 +3,12 @@ the same plan again, with nothing measured.
 
 Two measured mnist campaigns share one table (the second a plain re-run), then ``tune
 --offline`` runs twice on that table. The re-run measures no candidate (every cost, every
-confirmation, every transition and cut-cost row is in the table); each offline run uses the
-measured transitions the campaigns used (not the analytic fallback), finds every cost it asks
-for, and writes the plan the newest campaign wrote: the same partitions on the same targets,
-priced at the same estimate, because it arrives at the same search plan from the same costs and
-finds that campaign's recorded decision for it (`collage_farm.costtable.decisions`).
+confirmation, every transition and cut-cost row is in the table) and times nothing end to end:
+it reaches the first campaign's search plan and writes the plan that campaign decided on (its
+decision row). Each offline run uses the measured transitions the campaigns used (not the
+analytic fallback), finds every cost it asks for, and writes the same plan: the same
+partitions on the same targets, priced at the same estimate, because it arrives at the same
+search plan from the same costs and finds that decision (`collage_farm.costtable.decisions`).
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ def test_rerun_measures_nothing_and_offline_writes_the_campaigns_plan(
                                                           rel=1e-12)
     b_parts, b_transition = _plan(tmp_path / "b")
     assert b_transition.startswith("measured")  # the table's measured transitions
+    assert (b_parts, b_transition) == _plan(tmp_path / "a")  # the first campaign's plan
+    assert again["decision"]["campaign_id"] == first["campaign_id"]
+    assert again["verify"].startswith("not measured now") and again["plan_is"] == first["plan_is"]
 
-    decisions = CostTable(table).rows({"target": "plan"})
-    assert len(decisions) == 2 and {d.campaign_id for d in decisions} == {
-        first["campaign_id"], again["campaign_id"]}
+    decisions = CostTable(table).rows({"target": "plan"})  # the re-run decided nothing new
+    assert [d.campaign_id for d in decisions] == [first["campaign_id"]]
 
     for k in range(2):
         out = tmp_path / f"offline{k}"
@@ -75,7 +78,7 @@ def test_rerun_measures_nothing_and_offline_writes_the_campaigns_plan(
         parts, transition = _plan(out)
         assert transition == b_transition  # not the analytic fallback
         assert parts == b_parts  # the plan the newest campaign wrote
-        assert off["decision"]["campaign_id"] == again["campaign_id"]
+        assert off["decision"]["campaign_id"] == first["campaign_id"]
         assert off["plan_is"] == again["plan_is"]
         assert off["dijkstra_estimated_s"] == pytest.approx(again["dijkstra_estimated_s"],
                                                             rel=1e-12)

@@ -95,6 +95,9 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
     assert again["dijkstra_estimated_s"] == pytest.approx(pr["dijkstra_estimated_s"],
                                                           rel=1e-12)
     assert _plan(tmp_path / "pr2") == _plan(tmp_path / "pr")
+    # the decision the first campaign recorded is written again, nothing is timed end to end
+    assert again["verify"].startswith("not measured now") and "never_worse" not in again["phases_s"]
+    assert again["plan_is"] == pr["plan_is"] and "plan_measured_s" not in again
 
     off = _tune("--offline", "--out", str(tmp_path / "off"), "--cost-table", str(table))
     assert off["estimator"] == "table" and off["measured"] == 0 and off["profiled"] == 0
