@@ -31,20 +31,22 @@ How candidates get costs is ``TuneOptions.measure`` (`estimators.profiled.Measur
 (`collage_farm.probes.profiles`; prefix differences where the toolchain's profiler is not
 trusted, said in one warning line), answers every candidate from those profiles
 (`estimators.profiled.ProfiledEstimator`: node shares on the cut-cost probe's time base plus
-measured cut costs), so neither the search nor the confirmation step measures a candidate in
-isolation; when the search's plan is a mix, its partitions are timed inside the running plan
-in this process and priced by that, and the search runs again, up to ``inchain_rounds`` plans
-(`collage_farm.postsearch.inchain`; not on a re-run whose search plan a campaign already
-decided on); ``screen_rounds`` > 0 measures the uncertain candidates on the best plans
-(`collage_farm.postsearch.screen`). A target without a usable profile falls back to isolated
-measurement, with one warning line in the summary. On a simulated Ethos-U board ``profile``
-builds Vela's own split once per target instead (`collage_farm.probes.board_profiles`),
-prices candidates by their operators' cycles there (`estimators.board_profiled`), and after
-the search builds the chosen path's candidates and searches again until the path is made of
-exact builds (`collage_farm.postsearch.exact_confirm`), so the plan's figures and the exact
-comparison with Vela whole are never estimates. ``exhaustive`` measures every
-candidate the search asks for in isolation (the behaviour before profiles). Profile mode
-applies to the estimator the campaign builds; a caller's own estimator is used as is.
+measured cut costs; no launch or hand-off charge on those targets, `CallsIncluded`: the shares
+and the cut costs already hold them), so neither the search nor the confirmation step measures
+a candidate in isolation; when the search's plan is a mix, its partitions are timed inside the
+running plan in this process and priced by that, and the search runs again, up to
+``inchain_rounds`` plans (`collage_farm.postsearch.inchain`; not on a re-run whose search plan
+a campaign already decided on); ``screen_rounds`` > 0 measures the uncertain candidates on the
+best plans (`collage_farm.postsearch.screen`). A target without a usable profile falls back to
+isolated measurement, with one warning line in the summary. On a simulated Ethos-U board
+``profile`` builds Vela's own split once per target instead
+(`collage_farm.probes.board_profiles`), prices candidates by their operators' cycles there
+(`estimators.board_profiled`), and after the search builds the chosen path's candidates and
+searches again until the path is made of exact builds
+(`collage_farm.postsearch.exact_confirm`), so the plan's figures and the exact comparison with
+Vela whole are never estimates. ``exhaustive`` measures every candidate the search asks for in
+isolation (the behaviour before profiles). Profile mode applies to the estimator the campaign
+builds; a caller's own estimator is used as is.
 
 On an Ethos-U board the written plan is then checked as ``run`` checks it (int8 numerics
 against the fp32 model) and, while it fails, the board is searched again with 16-bit
@@ -122,6 +124,7 @@ from collage_farm.core.plan import Plan, PlanError, make_plan, write_plan
 from collage_farm.core.rules import all_candidates
 from collage_farm.core.search import NoCoverError, SearchResult, search
 from collage_farm.core.target import Target
+from collage_farm.core.transition import CallsIncluded
 from collage_farm.costtable import CostTable
 from collage_farm.costtable.decisions import (
     PlanDecision,
@@ -308,6 +311,8 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
             est, profile_info = profiled_estimator(
                 opts, graph, est, cut_info, builder,
                 foreign=timing_host.different if timing_host is not None else ())
+        if isinstance(est, ProfiledEstimator):  # profile shares already hold calls, hand-offs
+            transition = CallsIncluded(transition, frozenset(est.profiles))
         clock.lap("profiles")
         lazy = bool(opts.prune and est.has_lower_bound)
         try:

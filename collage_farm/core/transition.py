@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_LAUNCH_S",
     "DEFAULT_LINKS",
     "AnalyticTransitionModel",
+    "CallsIncluded",
     "ConfiguredTransitionModel",
     "LayeredTransitionModel",
     "Link",
@@ -174,6 +175,33 @@ class WithCutCosts(LayeredTransitionModel):
         own = (fit.cost(nbytes) if fit is not None and nbytes is not None
                else max(0.0, float(self.cuts.get(target.id, 0.0))))
         return own + self.base.cut_s(target, nbytes)
+
+
+@dataclass(frozen=True)
+class CallsIncluded(LayeredTransitionModel):
+    """``base`` without launch or hand-off charges on ``targets`` (by id).
+
+    For targets whose candidate costs are shares of one in-network run of the whole model,
+    timed by the plan executor (profile mode, `estimators.profiled`): the shares of a whole
+    model add up to that run, which already made the partition's call and handed its graph
+    inputs and outputs over, and a partition fed by another one pays the target's measured
+    same-toolchain cut cost, which is the difference between a chain of such partitions and
+    the whole model: one more call and the hand-offs of the tensors crossing the cut. Charging
+    ``base``'s launch and hand-offs on top would count them twice (a one-partition plan of a
+    40 us model was estimated 6 us, 16%, above the whole-model time it is made of). Transfers
+    between devices, cut charges by bytes and requantisation stay ``base``'s."""
+
+    targets: frozenset[str] = frozenset()
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"{self.base.label}-calls"
+
+    def launch_s(self, target: Target) -> float:
+        return 0.0 if target.id in self.targets else self.base.launch_s(target)
+
+    def handoff_s(self, target: Target, nbytes: int) -> float:
+        return 0.0 if target.id in self.targets else self.base.handoff_s(target, nbytes)
 
 
 @dataclass(frozen=True)

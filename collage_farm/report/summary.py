@@ -248,9 +248,16 @@ def _estimate(s: Mapping[str, Any], written: str, measured: bool) -> str:
     what = " (MOCK COSTS: not measurements)" if src == "mock" else ""
     if s.get("baseline") == "vela_whole":  # an Ethos-U board: builds, not timings
         what = " (simulated: Vela cycles and the Cortex-M cycle model)"
+    source = f"{src} costs"
+    profiled = [t for t in s.get("targets") or () if t in set(
+        (s.get("profile") or {}).get("profiled_targets") or ())]
+    if profiled and src != "mock":
+        rest = [t for t in s.get("targets") or () if t not in profiled]
+        source = (f"shares of in-network profiles ({', '.join(profiled)})"
+                  + (f" and {src} costs ({', '.join(rest)})" if rest else ""))
     line = (f"the search's estimate of the written plan ({written}): {ms(est)} = "
             f"{ms(s.get('estimated_compute_s'))} partitions + "
-            f"{ms(s.get('estimated_transition_s'))} transitions, from {src} costs{what}")
+            f"{ms(s.get('estimated_transition_s'))} transitions, from {source}{what}")
     ae = s.get("additive_error")
     if measured and ae is not None:
         line += f"; additive error {ae:+.1%} of the measured {ms(s.get('plan_measured_s'))}"

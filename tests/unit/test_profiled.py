@@ -12,8 +12,14 @@ from collage_farm.campaign import TuneOptions, build_specs, load_source, profile
 from collage_farm.core.candidate import CandidatePartition
 from collage_farm.core.cost import Cost
 from collage_farm.core.rules import RuleOptions, all_candidates
+from collage_farm.core.search import search, static_penalty_s
 from collage_farm.core.subgraph import SubGraph
 from collage_farm.core.target import parse_targets
+from collage_farm.core.transition import (
+    AnalyticTransitionModel,
+    CallsIncluded,
+    MeasuredTransitionModel,
+)
 from collage_farm.costtable import CostTable, CostTableWriter, TableStore, row_from_result
 from collage_farm.probes.cutcost import cached_cut_costs
 from collage_farm.probes.profiles import profile_fingerprint
@@ -23,6 +29,7 @@ from estimators.profiled import (
     ProfileRejected,
     SplitPricing,
     TargetProfile,
+    fed_by_partition,
     node_weights,
 )
 from estimators.table import TableEstimator
@@ -39,6 +46,7 @@ from runners.profilers import Kernel, OrtTraceProfiler, kernel_groups, thin_cuts
 from runners.topology import OnnxTopology
 
 ORT = parse_targets("ort-cpu")[0]
+OV = parse_targets("openvino-cpu")[0]
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +131,39 @@ def test_lower_bound_is_capped_by_the_profile_estimate(mnist) -> None:  # type: 
     c = cands[0]
     est.measure_isolated([c])  # answers its isolated cost now: the isolated bound again
     assert est.lower_bound(c) == iso.lower_bound(c)
+
+
+def test_a_whole_model_plan_is_estimated_at_its_whole_model_time(mnist) -> None:  # type: ignore[no-untyped-def]
+    """The shares of a profile add up to a run of the whole model, which made its call and
+    handed its graph inputs and outputs over; a split pays the measured same-toolchain cut
+    cost, itself a chain of calls less the whole model. `CallsIncluded` keeps the search from
+    charging launches and hand-offs on top (a 60 us mnist was estimated 6 us above the
+    whole-model time its plan is made of); a target without a profile keeps them."""
+    graph, _ = mnist
+    prof, _ = _hand_profile(graph)
+    cut = 3e-6
+    tp = TargetProfile.of(prof, cut_s=cut)
+    cands = all_candidates(graph, build_specs([ORT], RuleOptions(max_depth=4)))
+    est = ProfiledEstimator({ORT.id: tp}, AnalyticEstimator())
+    calls = MeasuredTransitionModel(AnalyticTransitionModel(),
+                                    launches={("ort-cpu", "cpu"): 5e-6},
+                                    handoffs={("ort-cpu", "cpu"): (5e-6, 1e-9)})
+    assert calls.launch_s(ORT) == 5e-6 and calls.handoff_s(ORT, 4000) > 0
+    whole = next(c for c in cands if c.mask == graph.all_mask)
+    # the whole model alone: exactly the time base the shares add up to
+    got = search(graph, [whole], est, CallsIncluded(calls, frozenset({ORT.id})))
+    assert got.total_s == pytest.approx(tp.whole_s, rel=1e-9)
+    assert search(graph, [whole], est, calls).total_s > tp.whole_s + 5e-6  # counted twice
+    # any cover: the whole model plus one measured cut per partition fed by another one
+    included = CallsIncluded(calls, frozenset({ORT.id}))
+    for c in cands:
+        assert static_penalty_s(graph, c, included) == 0.0, c.label()
+    best = search(graph, cands, est, included, lazy=False)
+    fed = sum(fed_by_partition(p.candidate) for p in best.partitions)
+    assert best.total_s == pytest.approx(tp.whole_s + fed * cut, rel=1e-6)
+    # a target whose costs are not profile shares is charged as before
+    assert included.launch_s(OV) == calls.launch_s(OV)
+    assert included.handoff_s(OV, 4000) == calls.handoff_s(OV, 4000)
 
 
 def test_profile_rejected_when_far_from_the_whole_model(mnist) -> None:  # type: ignore[no-untyped-def]
