@@ -142,7 +142,8 @@ def farm_slots(est: CostEstimator) -> dict | None:
 
 
 def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
-                      writer: CostTableWriter | None = None) -> TransitionModel:
+                      writer: CostTableWriter | None = None,
+                      handoff_targets: Sequence[Target] | None = None) -> TransitionModel:
     """The search's transition model: measured rows from the cost table where they exist.
 
     ``opts.transition`` (configured, or analytic) is the fallback for what no row covers. A
@@ -151,7 +152,9 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
     and appends them to ``writer``; an offline campaign reuses the table's rows; mock campaigns
     keep the given model. Rows are those of the mode the campaign's candidates are timed in
     (the estimator's `measure_mode`, else ``opts.measure_mode``, else `CANDIDATE_MODE`), so an
-    offline search reads the transitions the measuring campaign used.
+    offline search reads the transitions the measuring campaign used. ``handoff_targets``:
+    the targets whose hand-offs are measured (None: all; profile mode measures them only for
+    targets without a usable profile, the only ones charged hand-offs).
     """
     fallback = opts.transition or AnalyticTransitionModel()
     table = campaign_table(opts)
@@ -167,7 +170,7 @@ def choose_transition(opts: TuneOptions, est: CostEstimator, *, measure: bool,
             CostTable(table), opts.targets, writer=writer,
             measure=measure and opts.estimator is CostSource.FARM,
             config=config, fallback=fallback, host=getattr(fallback, "host", None) or CPU0,
-            campaign_id=opts.campaign_id)
+            campaign_id=opts.campaign_id, handoff_targets=handoff_targets)
     except Exception as e:  # a broken probe must not cost the campaign: say so, go on
         log.warning("measured transitions unavailable (%s: %s); using %s", type(e).__name__,
                     e, fallback.label)

@@ -124,7 +124,7 @@ from collage_farm.core.plan import Plan, PlanError, make_plan, write_plan
 from collage_farm.core.rules import all_candidates
 from collage_farm.core.search import NoCoverError, SearchResult, search
 from collage_farm.core.target import Target
-from collage_farm.core.transition import CallsIncluded
+from collage_farm.core.transition import CallsIncluded, rebased
 from collage_farm.costtable import CostTable
 from collage_farm.costtable.decisions import (
     PlanDecision,
@@ -287,13 +287,17 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
                    if own and isinstance(est, FarmEstimator) else None)
     clock.lap("farm_start")  # the estimator: Ray up (farm campaigns), the table opened
     try:
-        transition = choose_transition(opts, est, measure=own, writer=writer)
-        transition = with_requantise(opts.targets, transition)  # 16x8 among int8 partitions
-        clock.lap("transitions")
-        cut_info: dict | None = None
         # profile mode wraps the estimator the campaign built; a caller's own is used as is
         profile_mode = (own and est.kind.reads_table
                         and measure_strategy(opts, graph) is MeasureStrategy.PROFILE)
+        # profile shares hold their calls and hand-offs (`CallsIncluded`): profile mode on
+        # CPUs and GPUs measures hand-offs after the profiles, for targets without one only
+        late_handoffs = profile_mode and ethos_u_board(opts.targets) is None
+        transition = choose_transition(opts, est, measure=own, writer=writer,
+                                       handoff_targets=() if late_handoffs else None)
+        transition = with_requantise(opts.targets, transition)  # 16x8 among int8 partitions
+        clock.lap("transitions")
+        cut_info: dict | None = None
         if opts.cut_costs and est.kind.reads_table:
             # farm campaigns probe (or reuse) this model's cut costs; offline ones reuse only
             transition, cut_info = with_cut_costs(graph, opts.targets, transition,
@@ -313,6 +317,10 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
                 foreign=timing_host.different if timing_host is not None else ())
         if isinstance(est, ProfiledEstimator):  # profile shares already hold calls, hand-offs
             transition = CallsIncluded(transition, frozenset(est.profiles))
+            unprofiled = [t for t in opts.targets if t.id not in est.profiles]
+            if late_handoffs and unprofiled:  # isolated costs pay their hand-offs
+                transition = rebased(transition, choose_transition(
+                    opts, est, measure=own, writer=writer, handoff_targets=unprofiled))
         clock.lap("profiles")
         lazy = bool(opts.prune and est.has_lower_bound)
         try:

@@ -57,6 +57,7 @@ __all__ = [
     "WithCutCosts",
     "WithRequantise",
     "ZeroTransitionModel",
+    "rebased",
     "scale_transitions",
     "split_scale",
 ]
@@ -343,6 +344,15 @@ class ScaledTransitionModel(TransitionModel):
 
     def requantise_s(self, target: Target, elements: int) -> float:
         return self.factor * self.base.requantise_s(target, elements)
+
+
+def rebased(model: TransitionModel, base: TransitionModel) -> TransitionModel:
+    """``model``'s layers (`LayeredTransitionModel`s, outermost first) over ``base`` in place
+    of the model under them: the charges a campaign layered on its transitions (cut costs,
+    requantisation, calls included) kept when its measured transitions come later."""
+    if isinstance(model, LayeredTransitionModel):
+        return dataclasses.replace(model, base=rebased(model.base, base))
+    return base
 
 
 def scale_transitions(model: TransitionModel, factor: float) -> TransitionModel:

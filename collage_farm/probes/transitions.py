@@ -100,6 +100,7 @@ def measured_transition_model(
     host: VirtualDevice | None = None,
     campaign_id: str = "",
     sizes: Sequence[int] | None = None,
+    handoff_targets: Sequence[Target] | None = None,
 ) -> TransitionModel:
     """The transition model of a campaign: measured rows where they exist, ``fallback`` else.
 
@@ -112,6 +113,10 @@ def measured_transition_model(
     the rows of any machine are used, newest first. ``fallback`` (the configured or analytic
     model) answers what no row covers; a what-if scale on it applies to the measured model too.
     ``sizes``: hand-off probe sizes in bytes (default `runners.transitions.HANDOFF_SIZES`).
+    ``handoff_targets``: the targets whose toolchains' hand-offs are measured when missing
+    (None: all of ``targets``; copies are measured for all of ``targets`` either way): a
+    profile-mode campaign charges no hand-off to a target whose costs are profile shares
+    (`collage_farm.core.transition.CallsIncluded`), so it measures none for it.
     Returns ``fallback`` unchanged when there are no usable rows.
     """
     config = config or MeasureConfig()
@@ -121,7 +126,8 @@ def measured_transition_model(
     if measure:
         device = DeviceDescription.host_cpu().describe()
         rows += _measure_missing(rows, targets, config, device, host or CPU0, sizes,
-                                 writer, campaign_id)
+                                 writer, campaign_id,
+                                 targets if handoff_targets is None else handoff_targets)
     samples = transition_samples(rows, config.measure_mode, device)
     if not samples and device is not None:  # measured nothing usable here: any machine's rows
         samples = transition_samples(rows, config.measure_mode, None)
@@ -135,13 +141,14 @@ def measured_transition_model(
 def _measure_missing(rows: Sequence[CostRow], targets: Sequence[Target],
                      config: MeasureConfig, device: str, host: VirtualDevice,
                      sizes: Sequence[int] | None, writer: CostTableWriter | None,
-                     campaign_id: str) -> list[CostRow]:
-    """Measure the hand-offs and copies ``rows`` lack on this machine (``device``); each new
-    row goes to ``writer`` as soon as it is measured, and all come back as `CostRow`s."""
+                     campaign_id: str, handoff_targets: Sequence[Target]) -> list[CostRow]:
+    """Measure the hand-offs (of ``handoff_targets``' toolchains) and copies (between the
+    host and ``targets``' devices) ``rows`` lack on this machine (``device``); each new row
+    goes to ``writer`` as soon as it is measured, and all come back as `CostRow`s."""
     have = transition_samples(rows, config.measure_mode, device)
     have_tc = {(s.toolchain, s.device_kind) for s in have if s.kind == "handoff"}
     todo: dict[tuple[str, str], Target] = {}
-    for t in targets:
+    for t in handoff_targets:
         if (t.toolchain in PROBED_TOOLCHAINS and t.device.kind == "cpu"
                 and (t.toolchain, t.device.kind) not in have_tc):
             todo.setdefault((t.toolchain, t.device.label), t)

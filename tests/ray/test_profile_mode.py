@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from collage_farm.cli import main
+from collage_farm.core.target import parse_targets
 from collage_farm.costtable import CostTable
+from runners.transitions import parse_fingerprint
 
 pytest.importorskip("openvino")
 
@@ -76,6 +78,14 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
     assert pr["verify_rounds"] <= pr["verify_rounds_limit"]  # may stop once it is clear
     rows = CostTable(table).rows({"kind": "profiled"})
     assert len(rows) == pr["profiled"] and all(r.schema_version == 2 for r in rows)
+    # a profiled target is charged no launch or hand-off (its shares hold them), so none is
+    # measured for it: hand-off rows only for the toolchains of targets without a profile
+    handoffs = {info["toolchain"] for r in CostTable(table).rows()
+                if (info := parse_fingerprint(r.fingerprint)) and info["kind"] != "copy"}
+    lacking = {t.toolchain for t in parse_targets(FAST[1]) if t.id not in usable}
+    assert handoffs == lacking, (handoffs, usable)
+    if pr["partitions"] == 1 and not lacking:  # a whole model: its share, nothing on top
+        assert pr["estimated_transition_s"] == 0.0
     assert all(r.fingerprint.startswith("profile:") for r in rows)
 
     # a mixed plan is priced in chain (timed in this process), a single one needs nothing

@@ -23,8 +23,11 @@ from collage_farm.core.search import search
 from collage_farm.core.target import CPU0, CUDA0, VirtualDevice, get_target
 from collage_farm.core.transition import (
     AnalyticTransitionModel,
+    CallsIncluded,
     MeasuredTransitionModel,
     TransitionSample,
+    WithCutCosts,
+    rebased,
     scale_transitions,
 )
 from collage_farm.costtable import CostTable, CostTableWriter, row_from_result
@@ -223,3 +226,19 @@ def test_two_gpus_pay_the_copy_cost_from_the_table(tmp_path) -> None:
                                         fallback=scale_transitions(cfg.transition, 2.0),
                                         host=cfg.host)
     assert doubled.transfer_s(CUDA0, CUDA1, n) == pytest.approx(2 * (lat + n / bw), rel=1e-6)
+
+
+def test_rebased_keeps_the_layers_over_the_later_measured_base() -> None:
+    """Profile mode measures hand-offs after the profiles, for targets without one: the cut
+    costs and the calls-included layer laid over the first model stay, in order, over it."""
+    ort, ov = get_target("ort-cpu"), get_target("openvino-cpu")
+    first = AnalyticTransitionModel()
+    later = MeasuredTransitionModel(first, launches={("openvino", "cpu"): 7e-6})
+    stack = CallsIncluded(WithCutCosts(first, {ov.id: 2e-6}), frozenset({ort.id}))
+    got = rebased(stack, later)
+    assert isinstance(got, CallsIncluded) and got.targets == stack.targets
+    assert isinstance(got.base, WithCutCosts) and got.base.base is later
+    assert got.launch_s(ov) == later.launch_s(ov) != first.launch_s(ov)
+    assert got.launch_s(ort) == 0.0 and got.handoff_s(ort, 1 << 20) == 0.0
+    assert got.cut_s(ov) == pytest.approx(2e-6 + later.cut_s(ov))
+    assert rebased(first, later) is later  # nothing layered: the new base alone
