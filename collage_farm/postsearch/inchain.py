@@ -29,7 +29,12 @@ kept (`ProfiledEstimator.price_in_chain`). Nothing is timed in isolation: these 
 hundred runs of plans the search would choose, on the same time base as every profile share.
 
 The loop stops when the plan is one partition (a whole model's profile shares add up to its
-time base exactly), when every priced partition of it was priced already (``priced``), after
+time base exactly), when the plan is a mix estimated less than the noise floor (3%) faster
+than the fastest profiled target's whole model (``within_noise``, `near_best_single`: no end-to-end
+run could tell the two apart, and the never-worse run times the mix against every whole model
+anyway; gpt2-2L's first plans were such mixes, a 1-3 node partition on another toolchain in
+front of a whole model, and pricing and refining them took 18-20 s of a 65-89 s campaign),
+when every priced partition of it was priced already (``priced``), after
 ``rounds`` timed plans (``rounds``), or when a plan cannot be built or run here (``error``;
 the plan stays the search's). Targets this process times on another device than their runners
 (`collage_farm.campaign.timing_host`) are never priced here: their shares are on the runner's
@@ -52,11 +57,34 @@ from collage_farm.core.target import Target
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.execute.interleaved import PLAN_ROUND_S, runs_to_fill
 from collage_farm.postsearch.moves import order_parts
+from collage_farm.postsearch.noise import NOISE_FLOOR
 from estimators.profiled import ProfiledEstimator
 
 log = logging.getLogger(__name__)
 
-__all__ = ["InChainPrice", "PlanTiming", "price_best_plans", "time_plan_in_chain"]
+__all__ = ["InChainPrice", "PlanTiming", "near_best_single", "price_best_plans",
+           "time_plan_in_chain"]
+
+
+def near_best_single(result: SearchResult, est: ProfiledEstimator,
+                     floor: float = NOISE_FLOOR) -> str | None:
+    """Why ``result``'s plan is not worth timing part by part, or None: it is a mix whose
+    estimate is less than ``floor`` below the fastest profiled target's whole model (its
+    profile time base, `TargetProfile.whole_s`: what the search estimates that whole model
+    at, on the same time base as the mix). A one-partition plan, or an estimator with no
+    profile, gives None."""
+    if len(result.partitions) < 2:
+        return None
+    wholes = {t: p.whole_s for t, p in est.profiles.items() if p.whole_s > 0}
+    if not wholes or not math.isfinite(result.total_s):
+        return None
+    best = min(wholes, key=lambda t: wholes[t])
+    gain = 1.0 - result.total_s / wholes[best]
+    if gain >= floor:
+        return None
+    return (f"the mix is estimated {gain:.1%} faster than {best}'s whole model "
+            f"({result.total_s * 1e3:.4g} vs {wholes[best] * 1e3:.4g} ms), under the "
+            f"{floor:.0%} noise floor")
 
 
 
@@ -138,16 +166,21 @@ def price_best_plans(graph: DataflowGraph, est: ProfiledEstimator,
 
     ``search_again``: the campaign's search on ``est`` as it is now. ``foreign``: target ids
     whose shares are not on this process's time base. The summary dict: ``plans`` timed,
-    ``priced`` (candidates priced now), ``stopped_by`` (``single`` | ``priced`` | ``rounds``
-    | ``foreign`` | ``error``), ``error``, ``log`` (per timed plan: its partitions, estimate,
+    ``priced`` (candidates priced now), ``stopped_by`` (``single`` | ``within_noise`` |
+    ``priced`` | ``rounds`` | ``foreign`` | ``error``), ``why`` (``within_noise``'s figures),
+    ``error``, ``log`` (per timed plan: its partitions, estimate,
     in-chain sum and end-to-end median), ``wall_s``."""
     t0 = time.perf_counter()
     done = _Log()
-    stopped, error = "rounds", ""
+    stopped, error, why = "rounds", "", ""
     while True:  # until a stop below: at most ``rounds`` plans are timed
         parts = result.partitions
         if len(parts) < 2:
             stopped = "single"
+            break
+        near = near_best_single(result, est)
+        if near:
+            stopped, why = "within_noise", near
             break
         if any(p.candidate.target.id in foreign for p in parts):
             stopped = "foreign"
@@ -196,8 +229,8 @@ def price_best_plans(graph: DataflowGraph, est: ProfiledEstimator,
         est.price_in_chain(new)
         result = search_again()
     info = {"plans": len(done.plans), "priced": len(done.prices), "stopped_by": stopped,
-            "error": error or None, "exit_s": est.exit_charges, "log": done.plans,
-            "wall_s": time.perf_counter() - t0}
+            "error": error or None, "why": why or None, "exit_s": est.exit_charges,
+            "log": done.plans, "wall_s": time.perf_counter() - t0}
     if error:
         log.warning("in-chain pricing stopped: %s", error)
     return result, info, done.prices

@@ -26,7 +26,12 @@ from collage_farm.costtable.inchain import (
 )
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.postsearch import inchain
-from collage_farm.postsearch.inchain import PlanTiming, price_best_plans, time_plan_in_chain
+from collage_farm.postsearch.inchain import (
+    PlanTiming,
+    near_best_single,
+    price_best_plans,
+    time_plan_in_chain,
+)
 from collage_farm.report.nodecosts import node_costs
 from estimators.mock import MockEstimator
 from estimators.profiled import ProfiledEstimator, TargetProfile, fed_by_partition
@@ -153,6 +158,47 @@ def test_a_mix_that_loses_in_chain_gives_way_to_the_single(
         timed["in_chain_sum_s"], rel=1e-9)
     assert result.total_s > first.total_s  # the exit the profiles did not see
     assert len(result.partitions) == 1 and info["plans"] == 1  # one timing was enough
+
+
+def _near_estimator(graph: DataflowGraph) -> ProfiledEstimator:
+    """ORT 1% cheaper than OpenVINO on the first half of the nodes, dearer on the second: the
+    search's plan is a mix, estimated ~1% under either whole model."""
+    n = len(graph.nodes)
+    half = n // 2
+    ort = [9.8 if i < half else 10.0 for i in range(n)]
+    ov = [10.0 if i < half else 9.8 for i in range(n)]
+    return ProfiledEstimator({ORT.id: _profile(graph, ort), OV.id: _profile(graph, ov)},
+                             MockEstimator(), graph)
+
+
+def test_a_mix_within_noise_of_a_whole_model_is_not_priced(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No end-to-end run tells a mix ~1% under a whole model from it (3% noise floor), and
+    the never-worse run times the mix against every whole model anyway: nothing is timed."""
+    est = _near_estimator(mnist)
+    first = _search(mnist, est)
+    assert len(first.partitions) >= 2
+    best = min(est.profiles, key=lambda t: est.profiles[t].whole_s)
+    assert 0 < 1 - first.total_s / est.profiles[best].whole_s < 0.03
+    why = near_best_single(first, est)
+    assert why is not None and "noise floor" in why and f"{best}'s whole model" in why
+
+    def never(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a mix within noise was timed in chain")
+    monkeypatch.setattr(inchain, "time_plan_in_chain", never)
+    result, info, prices = price_best_plans(mnist, est, lambda: _search(mnist, est), first,
+                                            PlanBuilder(mnist))
+    assert result is first and prices == [] and info["plans"] == 0
+    assert info["stopped_by"] == "within_noise" and info["why"] == why
+    # a mix far faster than every whole model, or one partition, is not near
+    far = _mix_estimator(mnist)
+    assert near_best_single(_search(mnist, far), far) is None
+    one = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
+    cost = est.estimate([one])[0]
+    whole = SearchResult((PlannedPartition(one, cost, 0.0),), cost.seconds, 1, 1, 1, 1, 0.0)
+    assert near_best_single(whole, est) is None
+    # the floor is a parameter: at 0.5% the same mix is worth pricing
+    assert near_best_single(first, est, floor=0.005) is None
 
 
 def test_pricing_stops_at_rounds_on_errors_and_on_foreign_targets(
