@@ -218,7 +218,8 @@ def profile_config(rounds: int = 5, runs: int = 20, threads: int = 1,
                          threads=threads, timeout_s=timeout_s)
 
 
-def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None = None
+def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None = None, *,
+                    timer: Callable[[MeasureConfig], list[float]] | None = None
                     ) -> MeasureResult:
     """The worker's answer to a profile request: unprofiled whole-model timing, then the
     toolchain's profile, as one `Kind.PROFILED` result (module docstring).
@@ -238,7 +239,12 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     profiling overhead. Its median is what the profile's sum is checked against
     (`DEFAULT_TOLERANCE`, 20%) and the result's samples; the campaign scales the shares to
     the cut-cost probe's whole-model time when it has one. The result's details say where
-    the worker's seconds went (`PROFILE_STEPS`)."""
+    the worker's seconds went (`PROFILE_STEPS`).
+
+    ``timer``: the unprofiled whole model already readied by the caller (a `Toolchain.timer`
+    contract: each call times warm rounds under the config given), used instead of readying
+    ``inp.build`` again: a campaign that profiles in its own process times the whole-model
+    session its cut-cost probe built (on gpt2-2L a second session was ~3 s)."""
     t0 = time.perf_counter()
     build, config = inp.build, inp.config
     profiler = tc.profiler()
@@ -252,7 +258,7 @@ def profile_measure(tc: Toolchain, inp: MeasureInput, onnx_bytes: bytes | None =
     steps: dict[str, float] = {}
     unprofiled: list[float] = []
     try:
-        between = _unprofiled_timer(tc, build, config, unprofiled)
+        between = _unprofiled_timer(tc, build, config, unprofiled, timer)
     except Exception as e:
         return MeasureResult.failed(build, Status.RUNTIME_ERROR, f"the whole model does not "
                                     f"run: {type(e).__name__}: {e}"[:4000], config,
@@ -332,11 +338,14 @@ class _Unprofiled:
 
 
 def _unprofiled_timer(tc: Toolchain, build: BuildResult, config: MeasureConfig,
-                      samples: list[float]) -> _Unprofiled:
-    """The whole model readied (`Toolchain.timer`) and warmed up (``config.warmup_runs``)
-    for `_Unprofiled` rounds that append to ``samples`` (its ``warm_s``: the warm-up's timed
-    run); raises when it does not run."""
-    timer = tc.timer(build, dataclasses.replace(config, mode="warm"))
+                      samples: list[float],
+                      timer: Callable[[MeasureConfig], list[float]] | None = None
+                      ) -> _Unprofiled:
+    """The whole model readied (`Toolchain.timer`, unless ``timer`` is given) and warmed up
+    (``config.warmup_runs``) for `_Unprofiled` rounds that append to ``samples`` (its
+    ``warm_s``: the warm-up's timed run); raises when it does not run."""
+    if timer is None:
+        timer = tc.timer(build, dataclasses.replace(config, mode="warm"))
     warm = timer(dataclasses.replace(config, mode="warm", rounds=1, min_round_runs=1,
                                      min_round_s=0))
     out = _Unprofiled(timer, config, samples)

@@ -5,6 +5,7 @@ in-chain prices of the best plans' partitions."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,7 +27,7 @@ from collage_farm.core.transition import (
 from collage_farm.costtable import CostTable, CostTableWriter, TableStore, check_writable
 from collage_farm.costtable.inchain import in_chain_row, stored_in_chain_prices
 from collage_farm.execute import SIMULATED_TOOLCHAINS
-from collage_farm.execute.builder import PlanBuilder
+from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.farm import Farm
 from collage_farm.postsearch.inchain import price_best_plans
 from collage_farm.postsearch.vela_whole import ethos_u_board
@@ -50,10 +51,11 @@ from estimators.profiled import (
     TargetProfile,
     node_weights,
 )
-from estimators.sources import RetryPolicy, Strictness
+from estimators.sources import MeasurementService, RetryPolicy, Strictness
 from estimators.table import TableEstimator
 from runners.base import CANDIDATE_MODE, MeasureConfig
 from runners.cortex_m import host_of
+from runners.measure import time_callable
 from runners.profile import OperatorProfile
 from runners.registry import capabilities_for_target
 
@@ -261,17 +263,21 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     target whose toolchain has no per-operator timer (its request would time prefixes) takes
     its profile from the probe's one-toolchain chain instead, where the probe timed it here
     and the target is not ``foreign`` (`collage_farm.probes.profiles.profile_from_chain`): no
-    request goes out for it."""
+    request goes out for it. A CPU target this process times on its runner's device (its
+    runner describes it, and it is not ``foreign``) is profiled in this process, its
+    unprofiled whole model timed on the session ``builder`` holds (`_timers_here`)."""
     path = campaign_table(opts)
     table = CostTable(path) if path is not None else None
     farm_est = est if isinstance(est, FarmEstimator) else None  # the one that can profile
     chained, chain_note = _chain_profiles(opts, graph, cut_info, foreign)
+    here = (_timers_here(graph, opts.targets, builder, farm_est.farm, foreign)
+            if farm_est is not None and builder is not None else {})
     outcomes = collect_profiles(
         graph, opts.targets, table=table,
         farm=farm_est.farm if farm_est else None, store=farm_est.store if farm_est else None,
         strictness=Strictness.parse(opts.strictness),
         whole_model=(lambda: builder.model_bytes(graph.all_mask)) if builder else None,
-        given=chained)
+        given=chained, here=here)
     same = (cut_info or {}).get("same_cuts_s") or {}
     wholes = (cut_info or {}).get("wholes_s") or {}  # every target's whole, one time base
     base = {k: v for k, v in wholes.items() if k not in foreign}  # this device's only
@@ -307,6 +313,36 @@ def profiled_estimator(opts: TuneOptions, graph: DataflowGraph, est: CostEstimat
     pe.price_in_chain(stored)
     info["in_chain_stored"] = len(stored)
     return pe, info
+
+
+def _timers_here(graph: DataflowGraph, targets: Sequence[Target], builder: PlanBuilder,
+                 farm: MeasurementService, foreign: Collection[str]
+                 ) -> dict[str, Callable[[MeasureConfig], list[float]]]:
+    """Per CPU target with its own per-operator profiler that this process times on its
+    runner's device (a runner describes it; not ``foreign``): a `Toolchain.timer`-like
+    function timing the whole model on ``builder``'s session of it (built by the cut-cost
+    probe, or on first call), warm, as a worker's unprofiled rounds."""
+    out: dict[str, Callable[[MeasureConfig], list[float]]] = {}
+    for t in targets:
+        if (t.id in foreign or t.device.kind != "cpu" or t.toolchain in SIMULATED_TOOLCHAINS
+                or prefix_profiled(t) or farm.describe(t) is None):
+            continue
+        out[t.id] = _whole_timer(graph, builder, t)
+    return out
+
+
+def _whole_timer(graph: DataflowGraph, builder: PlanBuilder, target: Target
+                 ) -> Callable[[MeasureConfig], list[float]]:
+    """Warm rounds of ``target``'s whole model on ``builder``'s session, readied on the
+    first call (so a target profiled from the table builds nothing)."""
+    ready: list[Callable[[], None]] = []
+
+    def timed(cfg: MeasureConfig) -> list[float]:
+        if not ready:
+            ex = builder.executor([Part(graph.all_mask, target)])
+            ready.append(ex.timed_callable(builder.feeds(ex)))
+        return time_callable(ready[0], dataclasses.replace(cfg, mode="warm"))[0]
+    return timed
 
 
 def _chain_profiles(opts: TuneOptions, graph: DataflowGraph, cut_info: dict | None,

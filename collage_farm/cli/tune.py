@@ -290,8 +290,13 @@ def print_summary(s: dict[str, Any]) -> None:
                     if scr.get("measured") else "no candidate measured in isolation")
         chained = sorted(t for t, o in ((s.get("profile") or {}).get("targets") or {}).items()
                          if (o or {}).get("method") == ProfileMethod.CHAIN.value)
+        ran = [o for o in ((s.get("profile") or {}).get("targets") or {}).values()
+               if (o or {}).get("where")]
+        local = sum(o["where"] == "campaign process" for o in ran)
+        where = (f" ({local} in this process on the runners' device, {len(ran) - local} on "
+                 "the farm)" if local else " on the farm")
         print(f"costs from in-network profiles: {plural(int(s.get('profiled', 0)), 'profile run')}"
-              f" sent now (per-operator shares of each target's whole model"
+              f" now{where if ran else ''} (per-operator shares of each target's whole model"
               + (f"; {', '.join(chained)}: the cut-cost probe's chunks, timed in chain"
                  if chained else "") + f"); {screened}")
         chain = s.get("inchain") or {}

@@ -48,7 +48,9 @@ class PlanBuilder:
     extracted ONNX model is kept too (up to `MAX_MODEL_BYTES`), for the same nodes on another
     target: the cut-cost probe builds every chunk and the whole model on every target, and
     extracting gpt2-2L's whole model takes ~2-3 s. Reference
-    outputs (the whole model in ONNX Runtime CPU on seeded feeds) are computed once. Partitions
+    outputs (the whole model in ONNX Runtime CPU on seeded feeds) are computed once, by the
+    ``ort-cpu`` whole-model session already cached when there is one (the cut-cost probe
+    builds it: a second session of gpt2-2L's whole model took ~3 s). Partitions
     on int8 toolchains are quantised with the whole graph's ranges (`runners.calibration`,
     on ``calibration``'s samples: seeded random by default), as the campaign costed them.
 
@@ -68,6 +70,7 @@ class PlanBuilder:
         self._models: OrderedDict[int, bytes] = OrderedDict()  # mask -> extracted model
         self._reference: dict[str, np.ndarray] | None = None
         self._feeds: dict[str, np.ndarray] | None = None
+        self._ort_whole: PartitionRuntime | None = None  # ort-cpu's whole model, when built
         #: the graph's whole compilations, for sliced partitions (kept as long as the builder)
         self.whole = WholeGraph(graph)
 
@@ -94,6 +97,9 @@ class PlanBuilder:
             # runtime sets its inputs on every run (a conversion is seconds on a transformer)
             if part.target.toolchain in ("ort-cpu", "openvino", "litert"):
                 self._cache[key] = rt
+            if (part.mask == self.graph.all_mask and part.target.toolchain == "ort-cpu"
+                    and not part.target.options and not sliced):
+                self._ort_whole = rt  # the reference's session (`check`)
         return rt.renamed(f"p{k:03d}", estimated_s)
 
     def model_bytes(self, mask: int) -> bytes:
@@ -128,6 +134,10 @@ class PlanBuilder:
     def check(self, ex: PlanExecutor) -> dict[str, float]:
         """Numerics against the whole model in ORT CPU; raises `ExecutionMismatch`."""
         feeds = self.feeds(ex)
+        if self._reference is None and self._ort_whole is not None:
+            self._reference = PlanExecutor.from_runtimes(
+                [self._ort_whole.renamed("reference", 0.0)], self.graph.graph_inputs,
+                self.graph.graph_outputs, self.graph.model).run(feeds)
         if self._reference is None:
             self._reference = reference_outputs(self.graph.model, self.graph.graph_outputs,
                                                 feeds, self.threads)

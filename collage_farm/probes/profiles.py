@@ -18,6 +18,15 @@ campaign hands such profiles in as ``given`` and no request goes out for them. T
 written as profile rows: the probe's own rows carry the chunks and their times, so a re-run or
 an offline search reads the same profile back from them.
 
+A campaign whose process times on the device the target's runner measures on (an embedded
+local Ray, or a coordinator of the runners' instance type) profiles that target in its own
+process instead (``here``: the whole-model session its cut-cost probe built, timed
+unprofiled between the profiled runs exactly as a worker would time its own): the same
+measurement, recorded as the same row with the runner's device and toolchain version, without
+sending the whole model to a worker (gpt2-2L's is ~250 MB) nor compiling it there a second
+time (ORT 3.0 s, OpenVINO 2.4 s of gpt2-2L's 14.9 and 9.0 s requests, besides ~5 s of
+transfer and start-up). The profiler still compiles its own profiling session.
+
 Simulated toolchains (Vela, the Cortex-M cycle model) are not profiled here: their figures
 are deterministic and their per-operator cycles are already in each row; an Ethos-U board's
 profile is a few ordinary builds of Vela's own split (`collage_farm.probes.board_profiles`).
@@ -25,6 +34,7 @@ profile is a few ordinary builds of Vela's own split (`collage_farm.probes.board
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -38,7 +48,16 @@ from collage_farm.core.target import Target
 from collage_farm.costtable import CostRow, CostTable
 from collage_farm.execute import SIMULATED_TOOLCHAINS
 from estimators.sources import CostStore, MeasurementService, Strictness
-from runners.base import BuildInput, MeasureRequest, MeasureResult, Status
+from runners.base import (
+    BuildInput,
+    BuildResult,
+    Kind,
+    MeasureConfig,
+    MeasureInput,
+    MeasureRequest,
+    MeasureResult,
+    Status,
+)
 from runners.profile import (
     PROFILE_DETAIL,
     PROFILE_PREFIX,
@@ -47,6 +66,7 @@ from runners.profile import (
     PrefixProfiler,
     ProfileMethod,
     profile_config,
+    profile_measure,
 )
 from runners.registry import get_toolchain
 
@@ -60,7 +80,8 @@ __all__ = ["ProfileOutcome", "collect_profiles", "prefix_profiled", "profile_fin
 class ProfileOutcome:
     """One target's profile of the model, or why there is none (``error``, one line).
 
-    ``cached``: read from the cost table; ``ran``: a profile request went to the farm now;
+    ``cached``: read from the cost table; ``ran``: profiled now (``here``: in the campaign's
+    own process, not sent to the farm);
     ``steps_s``: where the worker's seconds went (`runners.profile.PROFILE_STEPS`, plus
     ``build_s``, the whole model's build) and ``wall_s``, the request's wall time on the farm
     as the campaign saw it (transfers and queueing included); empty / 0 when not profiled now.
@@ -73,6 +94,7 @@ class ProfileOutcome:
     ran: bool = False
     steps_s: Mapping[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    here: bool = False
 
     def to_json(self) -> dict:
         p = self.profile
@@ -80,7 +102,8 @@ class ProfileOutcome:
                 "whole_s": p.whole_s if p else None, "groups": len(p.groups) if p else 0,
                 "cached": self.cached, "error": self.error or None,
                 "rejected": (p.rejected or None) if p else None,
-                **({"steps_s": dict(self.steps_s), "wall_s": round(self.wall_s, 3)}
+                **({"steps_s": dict(self.steps_s), "wall_s": round(self.wall_s, 3),
+                    "where": "campaign process" if self.here else "farm"}
                    if self.ran else {})}
 
 
@@ -173,12 +196,36 @@ def _steps(res: MeasureResult) -> dict[str, float]:
     return {**steps, "build_s": round(res.build_s, 4), "measure_s": round(res.measure_s, 4)}
 
 
+def _profile_here(t: Target, fp: str, data: bytes,
+                  timer: Callable[[MeasureConfig], list[float]], farm: MeasurementService,
+                  model: str) -> MeasureResult:
+    """``t``'s profile of the whole model ``data`` taken in this process, its unprofiled
+    rounds timed by ``timer``; the result carries the device and toolchain version of the
+    runner that serves ``t`` (this process times on that device), so that a re-run on the
+    table finds the row as it would the runner's. Never raises: a failure is a failed
+    result."""
+    tc = get_toolchain(t.toolchain)
+    build = BuildResult(fp, t, Status.OK, data, "onnx", build_s=0.0)
+    config = profile_config()
+    try:
+        res = profile_measure(tc, MeasureInput(build, config), data, timer=timer)
+    except Exception as e:  # profile_measure turns a profiler's failure into data already
+        res = MeasureResult.failed(build, Status.RUNTIME_ERROR,
+                                   f"{type(e).__name__}: {e}"[:4000], config,
+                                   kind=Kind.PROFILED)
+    described = farm.describe(t)
+    device, version = described if described is not None else (None, "")
+    return dataclasses.replace(res, device=device or tc.device_description(t),
+                               toolchain_version=version or tc.version())
+
+
 def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
                      table: CostTable | None, farm: MeasurementService | None = None,
                      store: CostStore | None = None,
                      strictness: Strictness = Strictness.EXACT,
                      whole_model: Callable[[], bytes] | None = None,
-                     given: Mapping[str, OperatorProfile] | None = None
+                     given: Mapping[str, OperatorProfile] | None = None,
+                     here: Mapping[str, Callable[[MeasureConfig], list[float]]] | None = None
                      ) -> dict[str, ProfileOutcome]:
     """Every live target's profile of ``graph`` (module docstring), by target id.
 
@@ -188,7 +235,9 @@ def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
     both are given, else they have none. Never raises for a profile run that fails: its outcome
     carries the runner's error. ``whole_model`` gives the whole model as ONNX bytes when a
     profile request needs it (a campaign's plan builder has it extracted already; default:
-    extracted here).
+    extracted here). ``here``: target id -> the whole model's unprofiled timer in this
+    process (a `runners.base.Toolchain.timer` contract), for targets this process times on
+    their runner's device: those are profiled here (module docstring), the rest on ``farm``.
     """
     live = [t for t in dict.fromkeys(targets) if t.toolchain not in SIMULATED_TOOLCHAINS]
     fp = profile_fingerprint(graph)
@@ -205,25 +254,34 @@ def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
         return out
     data = whole_model() if whole_model is not None else SubGraph(
         graph, graph.all_mask).extract(f"{graph.name}_whole").SerializeToString()
-    reqs = [MeasureRequest(BuildInput(fp, t, data, (), f"{graph.name}:profile:{t.id}"),
-                           profile_config()) for t in todo]
-    by_key: Mapping[str, Target] = {t.measure_key: t for t in todo}
-    last = time.perf_counter()
-    for res in farm.measure(reqs):
-        now = time.perf_counter()
-        wall, last = now - last, now  # one runner serves them in turn: time since the last
-        t = by_key.get(res.target.measure_key)
-        if t is None:
-            continue
+
+    def take(t: Target, res: MeasureResult, wall: float, local: bool) -> None:
         store.record(res, model=graph.name, nodes=(), op_types=("profile",))
         steps = _steps(res)
         if res.status is not Status.OK:
             out[t.id] = ProfileOutcome(t.id, error=f"profile run {res.status.value}: "
                                        f"{' '.join(res.error.split())[:200]}", ran=True,
-                                       steps_s=steps, wall_s=wall)
-            continue
+                                       steps_s=steps, wall_s=wall, here=local)
+            return
         prof = OperatorProfile.from_json(dict(res.details)[PROFILE_DETAIL])
-        out[t.id] = ProfileOutcome(t.id, prof, ran=True, steps_s=steps, wall_s=wall)
+        out[t.id] = ProfileOutcome(t.id, prof, ran=True, steps_s=steps, wall_s=wall,
+                                   here=local)
+
+    for t in [t for t in todo if (here or {}).get(t.id) is not None]:
+        t0 = time.perf_counter()
+        take(t, _profile_here(t, fp, data, (here or {})[t.id], farm, graph.name),
+             time.perf_counter() - t0, True)
+    sent = [t for t in todo if t.id not in out]
+    reqs = [MeasureRequest(BuildInput(fp, t, data, (), f"{graph.name}:profile:{t.id}"),
+                           profile_config()) for t in sent]
+    by_key: Mapping[str, Target] = {t.measure_key: t for t in sent}
+    last = time.perf_counter()
+    for res in farm.measure(reqs) if reqs else ():
+        now = time.perf_counter()
+        wall, last = now - last, now  # one runner serves them in turn: time since the last
+        t = by_key.get(res.target.measure_key)
+        if t is not None:
+            take(t, res, wall, False)
     for t in todo:
         out.setdefault(t.id, ProfileOutcome(t.id, error="the farm returned no profile",
                                             ran=True))

@@ -1,5 +1,6 @@
 """``tune --measure profile`` on mnist on the shared Ray cluster: each target's whole model is
-profiled once and recorded as a ``profiled`` row, except LiteRT's (no per-operator timer: its
+profiled once (in the campaign's process, which times on the runners' device) and recorded
+as a ``profiled`` row, except LiteRT's (no per-operator timer: its
 profile is the cut-cost probe's one-toolchain chain, whose sessions were built while Ray
 started); the search measures no candidate in isolation
 when every profile is usable (a profile the worker cannot trust is replaced there by prefix
@@ -56,6 +57,10 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
     assert (note == "the cut-cost probe's chain") if via_chain else \
         note.startswith("a profile request: "), note
     assert lite["groups"] >= 2, lite
+    # this process times on the runners' device: ORT and OpenVINO are profiled here, on the
+    # probe's sessions, not sent to a runner
+    for tid in ("ort-cpu", "openvino-cpu"):
+        assert pr["profile"]["targets"][tid]["where"] == "campaign process", tid
     assert pr["cut_costs"]["built_while_ray_started"]["built"] == 6  # 3 targets' chunks, wholes
     assert pr["measure_mode"] == "network"  # the cache mode candidates would be timed in
     usable = pr["profile"]["profiled_targets"]

@@ -81,6 +81,32 @@ def test_mnist_alternating_every_node_matches_whole_model(mnist: DataflowGraph, 
     ex.check(feeds)
 
 
+def test_the_builder_checks_against_its_cached_ort_whole_model(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A builder that holds ort-cpu's whole-model session (the cut-cost probe builds it)
+    takes the reference outputs from it instead of compiling the whole model again; they are
+    the outputs a fresh ORT CPU session gives, so a plan checks the same either way."""
+    from collage_farm.execute import builder as builder_mod
+    from collage_farm.execute.builder import PlanBuilder
+    from collage_farm.execute.numerics import reference_outputs
+
+    b = PlanBuilder(mnist)
+    whole = b.executor([Part(mnist.all_mask, ORT)])
+
+    def no_fresh_session(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a second session of the whole model was built")
+    monkeypatch.setattr(builder_mod, "reference_outputs", no_fresh_session)
+    errors = b.check(b.executor(chunks(mnist, 3)))
+    assert set(errors) == set(mnist.graph_outputs)
+    fresh = reference_outputs(mnist.model, mnist.graph_outputs, b.feeds(whole))
+    for name, ref in fresh.items():
+        np.testing.assert_array_equal(b._reference[name], ref)  # type: ignore[index]
+    # without that session, the builder compiles the reference itself
+    monkeypatch.undo()
+    other = PlanBuilder(mnist)
+    assert set(other.check(other.executor(chunks(mnist, 3)))) == set(mnist.graph_outputs)
+
+
 def test_resnet18_chunks_on_two_toolchains(resnet18: DataflowGraph, tmp_path: Path) -> None:
     parts = chunks(resnet18, 5)
     d = write_parts(resnet18, parts, tmp_path / "plan")

@@ -21,9 +21,11 @@ from collage_farm.core.transition import (
     MeasuredTransitionModel,
 )
 from collage_farm.costtable import CostTable, CostTableWriter, TableStore, row_from_result
+from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.probes.cutcost import cached_cut_costs
-from collage_farm.probes.profiles import profile_fingerprint
+from collage_farm.probes.profiles import collect_profiles, profile_fingerprint
 from estimators.analytic import AnalyticEstimator
+from estimators.local import LocalService
 from estimators.profiled import (
     ProfiledEstimator,
     ProfileRejected,
@@ -34,6 +36,7 @@ from estimators.profiled import (
 )
 from estimators.table import TableEstimator
 from runners.base import BuildInput, MeasureConfig, MeasureInput, Status
+from runners.measure import time_callable
 from runners.ort import OrtCpuToolchain
 from runners.profile import (
     PROFILE_DETAIL,
@@ -164,6 +167,42 @@ def test_a_whole_model_plan_is_estimated_at_its_whole_model_time(mnist) -> None:
     # a target whose costs are not profile shares is charged as before
     assert included.launch_s(OV) == calls.launch_s(OV)
     assert included.handoff_s(OV, 4000) == calls.handoff_s(OV, 4000)
+
+
+def test_a_target_timed_here_is_profiled_in_this_process(mnist, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A target this process times on its runner's device is profiled here: its unprofiled
+    rounds run on the session the caller holds (no whole model sent, none compiled again),
+    and the row carries the runner's device and version, so a later campaign finds it."""
+    graph, _ = mnist
+    service = LocalService(["ort-cpu"], parallel=1)
+    sent: list = []
+    real_measure = service.measure
+    service.measure = lambda reqs: real_measure(sent.extend(reqs) or reqs)  # type: ignore[method-assign]
+    builder = PlanBuilder(graph)
+    ex = builder.executor([Part(graph.all_mask, ORT)])
+    fn = ex.timed_callable(builder.feeds(ex))
+    rounds: list[MeasureConfig] = []
+
+    def timer(cfg: MeasureConfig) -> list[float]:
+        rounds.append(cfg)
+        return time_callable(fn, cfg)[0]
+    store = TableStore(tmp_path / "costs", campaign_id="c")
+    try:
+        out = collect_profiles(graph, [ORT], table=None, farm=service, store=store,
+                               here={ORT.id: timer})
+    finally:
+        store.close()
+    got = out[ORT.id]
+    assert got.ran and got.here and got.profile is not None and got.error == ""
+    assert not sent and len(rounds) >= 3  # the warm-up and a round between profiled runs
+    assert got.to_json()["where"] == "campaign process"
+    assert got.steps_s["build_s"] == 0.0  # nothing built for the unprofiled rounds
+    row = CostTable(tmp_path / "costs").rows({"kind": "profiled"})[0]
+    device, version = service.describe(ORT)  # type: ignore[misc]
+    assert (row.device, row.toolchain_version) == (device.describe(), version)
+    again = collect_profiles(graph, [ORT], table=CostTable(tmp_path / "costs"), farm=service)
+    assert again[ORT.id].cached and again[ORT.id].profile is not None
+    assert again[ORT.id].profile.groups == got.profile.groups and not sent
 
 
 def test_profile_rejected_when_far_from_the_whole_model(mnist) -> None:  # type: ignore[no-untyped-def]
