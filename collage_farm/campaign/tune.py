@@ -135,6 +135,7 @@ from collage_farm.postsearch.confirm import confirm
 from collage_farm.postsearch.decide import PostSearch, for_profile_mode, post_search
 from collage_farm.postsearch.ethos_parts import with_ethos_figures
 from collage_farm.postsearch.exact_confirm import confirm_exact
+from collage_farm.postsearch.inchain import single_instead
 from collage_farm.postsearch.screen import screen
 from collage_farm.postsearch.vela_whole import (
     baseline_candidates,
@@ -337,6 +338,10 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
                 graph, est, result, builder, opts, writer,
                 lambda: search(graph, candidates, est, transition, lazy=lazy),
                 foreign=timing_host.different if timing_host is not None else ())
+        mix_info: dict | None = None
+        if isinstance(est, ProfiledEstimator):  # a mix within noise of a whole model: that
+            result, mix_info = single_instead(graph, result, est, transition, opts.targets,
+                                              opts.pins)
         clock.lap("inchain")
         screen_info: dict | None = None
         if isinstance(est, ProfiledEstimator):
@@ -454,6 +459,7 @@ def _campaign(opts: TuneOptions, estimator: CostEstimator | None, graph: Dataflo
     summary["profile"] = profile_info
     summary["screen"] = screen_info
     summary["inchain"] = inchain_info
+    summary["mix_within_noise"] = mix_info
     summary["first_search_estimated_s"] = first_estimate_s
     summary["dijkstra_estimated_s"] = dijkstra.total_s
     summary["dijkstra_partitions"] = len(dijkstra.partitions)

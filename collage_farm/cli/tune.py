@@ -301,10 +301,7 @@ def print_summary(s: dict[str, Any]) -> None:
                  if chained else "") + f"); {screened}")
         chain = s.get("inchain") or {}
         stored = int((s.get("profile") or {}).get("in_chain_stored") or 0)
-        if chain.get("stopped_by") == "within_noise" and not chain.get("plans"):
-            print(f"in-chain pricing and refinement: not run: {chain.get('why')}; the "
-                  "never-worse run times the mix against every whole model")
-        elif chain.get("plans") or stored:
+        if chain.get("plans") or stored:
             print(f"in-chain prices: {plural(int(chain.get('priced', 0)), 'partition')} of "
                   f"{plural(int(chain.get('plans', 0)), 'mixed plan')} timed in this process "
                   f"now (measured, scaled to the profiles' time base), {stored} from the cost "

@@ -280,7 +280,15 @@ def _history(s: Mapping[str, Any]) -> list[str]:
                        f"{ms(final)} after re-measuring "
                        f"{plural(int(conf['remeasured']), 'candidate')} of its path")
     else:
-        out.append(f"search: the Dijkstra plan, {d}, estimated {ms(final)}")
+        mix = s.get("mix_within_noise") or {}
+        if mix:
+            parts = " + ".join(f"{t} ({plural(int(n), 'node')})" for t, n in mix.get("plan", ()))
+            out.append(f"search: its plan, the mix {parts}, was estimated "
+                       f"{ms(mix.get('estimated_s'))}: {mix.get('why')}; it is set aside "
+                       f"untimed, and the Dijkstra plan the campaign goes on with is {d}, "
+                       f"estimated {ms(final)}")
+        else:
+            out.append(f"search: the Dijkstra plan, {d}, estimated {ms(final)}")
     chain = s.get("inchain") or {}
     if chain.get("plans"):
         timed = chain.get("log") or [{}]

@@ -95,7 +95,7 @@ def test_profile_mode_reruns_and_offline_reproduce_the_plan(ray_cluster: Any,
 
     # a mixed plan is priced in chain (timed in this process), a single one needs nothing
     chain = pr["inchain"]
-    assert chain["stopped_by"] in ("single", "priced", "rounds")
+    assert chain["stopped_by"] in ("single", "within_noise", "priced", "rounds")
     assert chain["plans"] <= 4 and chain["priced"] >= chain["plans"]
     assert pr["profile"]["in_chain_stored"] == 0  # a fresh table
 

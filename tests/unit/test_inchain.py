@@ -30,6 +30,7 @@ from collage_farm.postsearch.inchain import (
     PlanTiming,
     near_best_single,
     price_best_plans,
+    single_instead,
     time_plan_in_chain,
 )
 from collage_farm.report.nodecosts import node_costs
@@ -199,6 +200,37 @@ def test_a_mix_within_noise_of_a_whole_model_is_not_priced(
     assert near_best_single(whole, est) is None
     # the floor is a parameter: at 0.5% the same mix is worth pricing
     assert near_best_single(first, est, floor=0.005) is None
+
+
+def test_a_mix_within_noise_gives_way_to_the_fastest_whole_model(
+        mnist: DataflowGraph) -> None:
+    """The campaign goes on with the fastest profiled whole model instead of a mix estimated
+    under the noise floor below it (set aside untimed, and said); a mix far faster stays, and
+    so does a near one when the user's pins forbid that whole model."""
+    from collage_farm.core.pins import Pin, PinSet
+
+    est = _near_estimator(mnist)
+    mix = _search(mnist, est)
+    best = min(est.profiles, key=lambda t: est.profiles[t].whole_s)
+    got, info = single_instead(mnist, mix, est, ZeroTransitionModel(), [ORT, OV])
+    assert len(got.partitions) == 1 and got.partitions[0].candidate.mask == mnist.all_mask
+    assert got.partitions[0].candidate.target.id == best
+    assert got.total_s == pytest.approx(est.profiles[best].whole_s, rel=1e-12)
+    assert info is not None and info["instead"] == f"{best} whole"
+    assert info["estimated_s"] == mix.total_s < info["instead_estimated_s"]
+    assert info["why"] == near_best_single(mix, est)
+    assert sum(n for _, n in info["plan"]) == len(mnist.nodes)
+    # the same costs set the same mix aside: a re-run, an offline search
+    again, _ = single_instead(mnist, _search(mnist, est), est, ZeroTransitionModel(), [ORT, OV])
+    assert [p.candidate for p in again.partitions] == [p.candidate for p in got.partitions]
+    far = _mix_estimator(mnist)
+    far_mix = _search(mnist, far)
+    assert single_instead(mnist, far_mix, far, ZeroTransitionModel(), [ORT, OV]) == (far_mix,
+                                                                                    None)
+    other = OV.name if best == ORT.id else ORT.name
+    pinned = PinSet((Pin(op="Conv", target=other),))
+    assert single_instead(mnist, mix, est, ZeroTransitionModel(), [ORT, OV], pinned) == (
+        mix, None)
 
 
 def test_pricing_stops_at_rounds_on_errors_and_on_foreign_targets(
