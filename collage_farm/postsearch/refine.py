@@ -127,11 +127,9 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
     config = config or plan_round_config(5)
     builder = builder or PlanBuilder(graph, threads=threads)
     sup = supports or default_supports(graph)
-    try:
-        cur_fn = _timed(builder, start)
-    except Exception as e:
-        return RefineResult(start, start, (), 0, time.perf_counter() - t0,
-                            f"start failed: {type(e).__name__}: {str(e)[:200]}")
+    # the start plan is built and checked when the first move is timed against it: a plan
+    # whose every move is skipped or left to a later run builds nothing here
+    cur_fn: Callable[[], None] | None = None
     cur = start
     log_: list[Trial] = []
     invalid = 0
@@ -167,6 +165,13 @@ def refine(graph: DataflowGraph, start: Sequence[Part], targets: Sequence[Target
                 continue
             ordered = order_parts(graph, mv.parts)
             assert ordered is not None
+            if cur_fn is None:
+                try:
+                    cur_fn = _timed(builder, start)
+                except Exception as e:
+                    return RefineResult(start, start, (), invalid, time.perf_counter() - t0,
+                                        f"start failed: {type(e).__name__}: {str(e)[:200]}",
+                                        skipped, later)
             try:
                 fn = _timed(builder, ordered)
                 res = execute.measure_interleaved_rounds({"current": cur_fn, "candidate": fn},

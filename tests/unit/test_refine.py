@@ -491,3 +491,26 @@ def test_a_mix_within_noise_of_a_whole_model_is_not_refined(
     assert "noise floor" in ref["stopped_by"] and not ref["changed"]
     assert timed and {"dijkstra", "ort-cpu", "openvino-cpu"} <= set().union(*timed)
     assert out.info["plan_is"] == "best_single"  # 1% is not beyond noise
+
+
+def test_the_start_plan_is_built_only_when_a_move_is_timed(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan whose every move is skipped builds nothing (a one-partition plan's moves are all
+    left to the never-worse run); one whose start cannot be built says so once a move would
+    be timed against it."""
+    from collage_farm.postsearch import refine as refine_mod
+
+    built: list[int] = []
+
+    def broken(builder, parts):  # type: ignore[no-untyped-def]
+        built.append(len(parts))
+        raise RuntimeError("the toolchain crashed building p000")
+    monkeypatch.setattr(refine_mod, "_timed", broken)
+    start = alternating(mnist)
+    b = PlanBuilder(mnist)
+    r = refine(mnist, start, [ORT, OV], trials=2, time_budget_s=60, config=FAST, builder=b,
+               skip=lambda cur, move: "estimated far slower")
+    assert not built and r.stopped_by == "exhausted" and r.skipped_by_estimate > 0
+    r = refine(mnist, start, [ORT, OV], trials=2, time_budget_s=60, config=FAST, builder=b)
+    assert built == [len(start)] and not r.trials
+    assert r.stopped_by.startswith("start failed: RuntimeError: the toolchain crashed")
