@@ -196,6 +196,10 @@ def with_requantise(targets: Sequence[Target], transition: TransitionModel) -> T
     return WithRequantise(transition, {t.id: charge for t in wide})
 
 
+#: targets whose probe sessions are built at once while Ray starts (two: a 2-core host's)
+PROBE_BUILD_WORKERS = 2
+
+
 def start_probe_builds(opts: TuneOptions, graph: DataflowGraph, builder: PlanBuilder,
                        pool: ThreadPoolExecutor) -> Future[dict[str, Any]] | None:
     """The cut-cost probe's sessions being built into ``builder`` on ``pool``
@@ -217,7 +221,8 @@ def start_probe_builds(opts: TuneOptions, graph: DataflowGraph, builder: PlanBui
             return None
     except Exception:  # an unreadable table: the probe itself says so, later
         return None
-    return pool.submit(build_probe_sessions, graph, live, builder, wholes=wholes)
+    return pool.submit(build_probe_sessions, graph, live, builder, wholes=wholes,
+                       workers=PROBE_BUILD_WORKERS)
 
 
 def with_cut_costs(graph: DataflowGraph, targets: Sequence[Target],

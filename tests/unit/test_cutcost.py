@@ -93,10 +93,12 @@ def test_a_wholes_probe_fills_each_round_like_the_verify_run() -> None:
     assert set(plain.runs.values()) == {3}  # without wholes: as asked
 
 
-def test_sessions_built_ahead_are_the_ones_the_probe_times() -> None:
-    """`build_probe_sessions` builds each target's chunks and whole model into the builder;
-    the probe on the same builder then builds nothing of those chains again (its builds are
-    the mixed chains, whose chunks are all cached), and its chunks are the same bounds."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sessions_built_ahead_are_the_ones_the_probe_times(workers: int) -> None:
+    """`build_probe_sessions` builds each target's chunks and whole model into the builder
+    (on one thread, or one per target at once); the probe on the same builder then builds
+    nothing of those chains again (its builds are the mixed chains, whose chunks are all
+    cached), and its chunks are the same bounds."""
     g = load_graph(zoo.build("mnist"), name="mnist")
     targets = [T["ort-cpu"], T["openvino-cpu"]]
     builder = PlanBuilder(g)
@@ -110,8 +112,10 @@ def test_sessions_built_ahead_are_the_ones_the_probe_times() -> None:
         return real(self, k, part, estimated_s, sliced=sliced)
 
     with mock.patch.object(cutcost.PlanBuilder, "runtime", counting):
-        ahead = build_probe_sessions(g, targets, builder, chunks=3, wholes=True)
+        ahead = build_probe_sessions(g, targets, builder, chunks=3, wholes=True,
+                                     workers=workers)
         assert ahead["built"] == 4 and ahead["failed"] == [] and ahead["seconds"] > 0
+        assert ahead["workers"] == workers
         assert len(made) == 2 * (3 + 1)  # each target's 3 chunks and its whole model
         made.clear()
         cc = measure_cut_costs(g, targets, chunks=3, rounds=1, builder=builder, wholes=True)
