@@ -251,7 +251,7 @@ def _estimate(s: Mapping[str, Any], written: str, measured: bool) -> str:
     source = f"{src} costs"
     profiled = [t for t in s.get("targets") or () if t in set(
         (s.get("profile") or {}).get("profiled_targets") or ())]
-    if profiled and src != "mock":
+    if profiled and src != "mock" and s.get("baseline") != "vela_whole":
         rest = [t for t in s.get("targets") or () if t not in profiled]
         source = (f"shares of in-network profiles ({', '.join(profiled)})"
                   + (f" and {src} costs ({', '.join(rest)})" if rest else ""))
