@@ -167,9 +167,10 @@ def single_instead(graph: DataflowGraph, result: SearchResult, est: ProfiledEsti
     summary's ``mix_within_noise``: the mix, its estimate, the whole model's, why). The mix is
     then neither priced in chain, refined nor timed: no end-to-end run could tell it from the
     whole model, and an unpriced mix is optimistic (it misses what leaving a partition costs;
-    gpt2-2L's, estimated 2.6% faster, ran 12% slower). The never-worse run still times every
-    target's whole model. Deterministic in the estimator's costs, so a re-run and an offline
-    search set the same mix aside. ``result`` unchanged when the whole model breaks ``pins``."""
+    gpt2-2L's, estimated 2.6% faster, ran 12% slower than that whole model). The never-worse
+    run still times every target's whole model. Deterministic in the estimator's costs, so a
+    re-run and an offline search set the same mix aside. ``result`` unchanged when the whole
+    model breaks ``pins``."""
     why = near_best_single(result, est)
     if why is None:
         return result, None
