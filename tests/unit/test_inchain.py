@@ -53,15 +53,21 @@ def _profile(graph: DataflowGraph, us: list[float]) -> TargetProfile:
                          dict.fromkeys(range(len(names)), 1), 1.0, sum(us) * 1e-6)
 
 
+def _halves(graph: DataflowGraph, cheap: float, dear: float) -> ProfiledEstimator:
+    """ORT at ``cheap`` us a node on the first half of the nodes and ``dear`` on the second,
+    OpenVINO the other way round."""
+    n = len(graph.nodes)
+    half = n // 2
+    ort = [cheap if i < half else dear for i in range(n)]
+    ov = [dear if i < half else cheap for i in range(n)]
+    return ProfiledEstimator({ORT.id: _profile(graph, ort), OV.id: _profile(graph, ov)},
+                             MockEstimator(), graph)
+
+
 def _mix_estimator(graph: DataflowGraph) -> ProfiledEstimator:
     """ORT cheap on the first half of the nodes, OpenVINO on the second: the search's plan
     is a mix of the two (each whole model costs 5.5 us a node, the mix 1 us)."""
-    n = len(graph.nodes)
-    half = n // 2
-    ort = [1.0 if i < half else 10.0 for i in range(n)]
-    ov = [10.0 if i < half else 1.0 for i in range(n)]
-    return ProfiledEstimator({ORT.id: _profile(graph, ort), OV.id: _profile(graph, ov)},
-                             MockEstimator(), graph)
+    return _halves(graph, 1.0, 10.0)
 
 
 def _candidates(graph: DataflowGraph) -> list[CandidatePartition]:
@@ -164,12 +170,7 @@ def test_a_mix_that_loses_in_chain_gives_way_to_the_single(
 def _near_estimator(graph: DataflowGraph) -> ProfiledEstimator:
     """ORT 1% cheaper than OpenVINO on the first half of the nodes, dearer on the second: the
     search's plan is a mix, estimated ~1% under either whole model."""
-    n = len(graph.nodes)
-    half = n // 2
-    ort = [9.8 if i < half else 10.0 for i in range(n)]
-    ov = [10.0 if i < half else 9.8 for i in range(n)]
-    return ProfiledEstimator({ORT.id: _profile(graph, ort), OV.id: _profile(graph, ov)},
-                             MockEstimator(), graph)
+    return _halves(graph, 9.8, 10.0)
 
 
 def test_a_mix_within_noise_of_a_whole_model_is_not_priced(
