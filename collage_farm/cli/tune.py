@@ -293,8 +293,8 @@ def print_summary(s: dict[str, Any]) -> None:
         ran = [o for o in ((s.get("profile") or {}).get("targets") or {}).values()
                if (o or {}).get("where")]
         local = sum(o["where"] == "campaign process" for o in ran)
-        where = (f" ({local} in this process on the runners' device, {len(ran) - local} on "
-                 "the farm)" if local else " on the farm")
+        where = (f", {local} in this process on the runners' device and {len(ran) - local} "
+                 "on the farm" if local else " on the farm")
         print(f"costs from in-network profiles: {plural(int(s.get('profiled', 0)), 'profile run')}"
               f" now{where if ran else ''} (per-operator shares of each target's whole model"
               + (f"; {', '.join(chained)}: the cut-cost probe's chunks, timed in chain"
