@@ -228,6 +228,11 @@ def _decision(s: Mapping[str, Any], plans: _Plans) -> str:
             return (f"decision: {plans.label(w)} is written (never worse) because "
                     f"{plans.label(mix)} is not faster beyond noise: "
                     f"{compare_words(plans.label(w), plans.label(mix), _inverse(cmp))}; {thr}")
+        if s.get("within_noise_of_best_single"):
+            return (f"decision: {plans.label(w)} is written: it is within noise of the "
+                    f"fastest single toolchain's whole model, and a whole model gives way "
+                    f"only to one faster beyond noise: "
+                    f"{compare_words(plans.label(w), f'{best} whole', cmp)}; {thr}")
         if s.get("written_plan") != f"{best} whole":
             again = " and in a second interleaved run" if s.get(
                 "mix_vs_best_single_confirm") else ""

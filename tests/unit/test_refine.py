@@ -514,3 +514,40 @@ def test_the_start_plan_is_built_only_when_a_move_is_timed(
     r = refine(mnist, start, [ORT, OV], trials=2, time_budget_s=60, config=FAST, builder=b)
     assert built == [len(start)] and not r.trials
     assert r.stopped_by.startswith("start failed: RuntimeError: the toolchain crashed")
+
+
+def test_a_whole_model_plan_gives_way_only_to_one_faster_beyond_noise(
+        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Dijkstra plan is ORT's whole model; OpenVINO's has the faster median but within
+    noise of it: ORT's is written (no swap on one run's ordering), and the decision says so.
+    OpenVINO 2x faster: its whole model is written, as before."""
+    from collage_farm import execute as executor
+    from collage_farm.core.candidate import CandidatePartition
+    from collage_farm.core.cost import Cost
+    from collage_farm.core.search import PlannedPartition
+    from collage_farm.core.transition import AnalyticTransitionModel
+    from collage_farm.postsearch.decide import PostSearchOptions, post_search
+    from collage_farm.report.summary import story_keys, story_text
+    from estimators.mock import MockEstimator
+
+    whole = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
+    result = SearchResult((PlannedPartition(whole, Cost(2e-3), 0.0),), 2e-3, 1, 1, 1, 1, 0.1)
+    opts = PostSearchOptions(targets=(ORT, OV), pins=None, verify=True, refine_trials=0,
+                             refine_time_s=120.0, verify_rounds=5, verify_extend_rounds=0,
+                             report=False)
+    b = PlanBuilder(mnist)
+    monkeypatch.setattr(executor, "measure_interleaved_rounds",
+                        _scripted({"dijkstra": 2.0, "ort-cpu": 2.0, "openvino-cpu": 1.99}))
+    out = post_search(opts, mnist, result, MockEstimator(), AnalyticTransitionModel(), b)
+    assert out.info["best_single_target"] == "openvino-cpu"  # the faster median...
+    assert out.info["plan_is"] == "dijkstra" and out.info["within_noise_of_best_single"]
+    assert out.result.partitions[0].candidate.target.id == "ort-cpu"  # ...is not written
+    assert "gives way only to one faster beyond noise" in out.info["never_worse"]
+    summary = {**out.info, "dijkstra_estimated_s": 2e-3, "estimated_total_s": 2e-3}
+    text = story_text(story_keys(summary, out.result, result, len(mnist.nodes)))
+    assert any(t.startswith("decision: ") and "within noise" in t for t in text), text
+    monkeypatch.setattr(executor, "measure_interleaved_rounds",
+                        _scripted({"dijkstra": 2.0, "ort-cpu": 2.0, "openvino-cpu": 1.0}))
+    out = post_search(opts, mnist, result, MockEstimator(), AnalyticTransitionModel(), b)
+    assert out.info["plan_is"] == "best_single" and "within_noise_of_best_single" not in out.info
+    assert out.result.partitions[0].candidate.target.id == "openvino-cpu"
