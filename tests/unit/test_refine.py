@@ -417,22 +417,15 @@ def test_whole_model_moves_are_left_to_the_never_worse_run(
     ``skipped_timed_later``), and the never-worse run still writes the faster whole model.
     Without a never-worse run (no verify) the same move is run as a trial."""
     from collage_farm import execute as executor
-    from collage_farm.core.candidate import CandidatePartition
-    from collage_farm.core.cost import Cost
-    from collage_farm.core.search import PlannedPartition
     from collage_farm.core.transition import AnalyticTransitionModel
-    from collage_farm.postsearch.decide import PostSearchOptions, post_search
+    from collage_farm.postsearch.decide import post_search
     from estimators.mock import MockEstimator
 
     ms = {"dijkstra": 2.0, "ort-cpu": 2.0, "openvino-cpu": 1.0, "current": 2.0,
           "candidate": 1.0}
     timed: list[set[str]] = []
     monkeypatch.setattr(executor, "measure_interleaved_rounds", _scripted(ms, timed))
-    whole = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
-    result = SearchResult((PlannedPartition(whole, Cost(2e-3), 0.0),), 2e-3, 1, 1, 1, 1, 0.1)
-    opts = PostSearchOptions(targets=(ORT, OV), pins=None, verify=True, refine_trials=2,
-                             refine_time_s=120.0, verify_rounds=3, verify_extend_rounds=0,
-                             report=False)
+    result, opts = _ort_whole_plan(mnist, refine_trials=2, verify_rounds=3)
     b = PlanBuilder(mnist)
     out = post_search(opts, mnist, result, MockEstimator(), AnalyticTransitionModel(), b)
     ref = out.info["refine"]
@@ -522,19 +515,12 @@ def test_a_whole_model_plan_gives_way_only_to_one_faster_beyond_noise(
     noise of it: ORT's is written (no swap on one run's ordering), and the decision says so.
     OpenVINO 2x faster: its whole model is written, as before."""
     from collage_farm import execute as executor
-    from collage_farm.core.candidate import CandidatePartition
-    from collage_farm.core.cost import Cost
-    from collage_farm.core.search import PlannedPartition
     from collage_farm.core.transition import AnalyticTransitionModel
-    from collage_farm.postsearch.decide import PostSearchOptions, post_search
+    from collage_farm.postsearch.decide import post_search
     from collage_farm.report.summary import story_keys, story_text
     from estimators.mock import MockEstimator
 
-    whole = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
-    result = SearchResult((PlannedPartition(whole, Cost(2e-3), 0.0),), 2e-3, 1, 1, 1, 1, 0.1)
-    opts = PostSearchOptions(targets=(ORT, OV), pins=None, verify=True, refine_trials=0,
-                             refine_time_s=120.0, verify_rounds=5, verify_extend_rounds=0,
-                             report=False)
+    result, opts = _ort_whole_plan(mnist, refine_trials=0, verify_rounds=5)
     b = PlanBuilder(mnist)
     monkeypatch.setattr(executor, "measure_interleaved_rounds",
                         _scripted({"dijkstra": 2.0, "ort-cpu": 2.0, "openvino-cpu": 1.99}))
@@ -551,3 +537,20 @@ def test_a_whole_model_plan_gives_way_only_to_one_faster_beyond_noise(
     out = post_search(opts, mnist, result, MockEstimator(), AnalyticTransitionModel(), b)
     assert out.info["plan_is"] == "best_single" and "within_noise_of_best_single" not in out.info
     assert out.result.partitions[0].candidate.target.id == "openvino-cpu"
+
+
+def _ort_whole_plan(mnist: DataflowGraph, *, refine_trials: int, verify_rounds: int
+                    ) -> tuple[SearchResult, object]:
+    """A Dijkstra plan that is ORT's whole model (estimated 2 ms), and post-search options
+    that verify it against ORT's and OpenVINO's whole models."""
+    from collage_farm.core.candidate import CandidatePartition
+    from collage_farm.core.cost import Cost
+    from collage_farm.core.search import PlannedPartition
+    from collage_farm.postsearch.decide import PostSearchOptions
+
+    whole = CandidatePartition(SubGraph(mnist, mnist.all_mask), ORT)
+    result = SearchResult((PlannedPartition(whole, Cost(2e-3), 0.0),), 2e-3, 1, 1, 1, 1, 0.1)
+    return result, PostSearchOptions(targets=(ORT, OV), pins=None, verify=True,
+                                     refine_trials=refine_trials, refine_time_s=120.0,
+                                     verify_rounds=verify_rounds, verify_extend_rounds=0,
+                                     report=False)
