@@ -7,11 +7,8 @@ The mix is written only if it beats the best single toolchain beyond noise
 (`collage_farm.postsearch.noise`), else that toolchain's whole model is (never worse). The
 campaign passes what these steps need of its options as a `PostSearchOptions`; a campaign
 whose estimator prices any plan without measuring (profile mode) passes `for_profile_mode`'s:
-its never-worse run stops once the decision is clear, its refinement skips moves priced far
-slower than the current plan, and a mix estimated within the noise floor of the fastest
-profiled whole model is not refined at all (`collage_farm.postsearch.inchain.near_best_single`:
-local moves change it by less than any end-to-end run resolves; the never-worse run still
-times it against every whole model). `PostSearch.phases_s` says where the seconds went.
+its never-worse run stops once the decision is clear and its refinement skips moves priced far
+slower than the current plan. `PostSearch.phases_s` says where the seconds went.
 """
 
 from __future__ import annotations
@@ -34,10 +31,9 @@ from collage_farm.execute import SIMULATED_TOOLCHAINS
 from collage_farm.execute.builder import Part, PlanBuilder
 from collage_farm.execute.interleaved import plan_round_config
 from collage_farm.postsearch import never_worse
-from collage_farm.postsearch.inchain import near_best_single
 from collage_farm.postsearch.moves import parts_of, plan_signature, to_search_result
 from collage_farm.postsearch.never_worse import VerifyResult
-from collage_farm.postsearch.refine import RefineResult, refine
+from collage_farm.postsearch.refine import refine
 from collage_farm.postsearch.vela_whole import ethos_u_board, exact_never_worse
 from estimators.base import CostEstimator
 from estimators.profiled import ProfiledEstimator
@@ -134,19 +130,12 @@ def post_search(opts: PostSearchOptions, graph: DataflowGraph, result: SearchRes
         return PostSearch(out, info, {}, clock.wall_s, dict(clock.phases))
     builder = builder or PlanBuilder(graph, threads=1)  # the campaign's: sessions reused
     start = parts_of(result)
-    # a mix estimated within noise of a whole model: local moves change it by less still
-    near = (near_best_single(result, est)
-            if opts.verify and isinstance(est, ProfiledEstimator) else None)
-    if near and opts.refine_trials > 0:
-        ref = RefineResult(tuple(start), tuple(start), (), 0, 0.0, f"within noise: {near}")
-    else:
-        ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
-                     time_budget_s=opts.refine_time_s,
-                     config=plan_round_config(5), pins=opts.pins,
-                     builder=builder, extend_rounds=opts.verify_extend_rounds,
-                     skip=_estimated_loser(graph, result, est, transition,
-                                           opts.refine_skip_loss),
-                     timed_later=_timed_anyway(graph, opts))
+    ref = refine(graph, start, opts.targets, trials=opts.refine_trials,
+                 time_budget_s=opts.refine_time_s,
+                 config=plan_round_config(5), pins=opts.pins,
+                 builder=builder, extend_rounds=opts.verify_extend_rounds,
+                 skip=_estimated_loser(graph, result, est, transition, opts.refine_skip_loss),
+                 timed_later=_timed_anyway(graph, opts))
     refined_result = result
     if ref.changed:
         refined_result = to_search_result(graph, ref.parts, result, estimate=est.estimate,

@@ -30,11 +30,11 @@ hundred runs of plans the search would choose, on the same time base as every pr
 
 The loop stops when the plan is one partition (a whole model's profile shares add up to its
 time base exactly), when the plan is a mix estimated less than the noise floor (3%) faster
-than the fastest profiled target's whole model (``within_noise``, `near_best_single`: no end-to-end
-run could tell the two apart, and the never-worse run times the mix against every whole model
-anyway; gpt2-2L's first plans were such mixes, a 1-3 node partition on another toolchain in
-front of a whole model, and pricing and refining them took 18-20 s of a 65-89 s campaign),
-when every priced partition of it was priced already (``priced``), after
+than the fastest profiled target's whole model (``within_noise``, `near_best_single`: no
+end-to-end run could tell the two apart; the campaign then goes on with that whole model,
+`single_instead`; gpt2-2L's first plans were such mixes, a 1-3 node partition on another
+toolchain in front of a whole model, and pricing and refining them took 18-20 s of a 65-89 s
+campaign), when every priced partition of it was priced already (``priced``), after
 ``rounds`` timed plans (``rounds``), or when a plan cannot be built or run here (``error``;
 the plan stays the search's). Targets this process times on another device than their runners
 (`collage_farm.campaign.timing_host`) are never priced here: their shares are on the runner's
@@ -75,18 +75,25 @@ def near_best_single(result: SearchResult, est: ProfiledEstimator,
     profile time base, `TargetProfile.whole_s`: what the search estimates that whole model
     at, on the same time base as the mix). A one-partition plan, or an estimator with no
     profile, gives None."""
-    if len(result.partitions) < 2:
+    fastest = _fastest_whole(est)
+    if len(result.partitions) < 2 or fastest is None or not math.isfinite(result.total_s):
         return None
-    wholes = {t: p.whole_s for t, p in est.profiles.items() if p.whole_s > 0}
-    if not wholes or not math.isfinite(result.total_s):
-        return None
-    best = min(wholes, key=lambda t: wholes[t])
-    gain = 1.0 - result.total_s / wholes[best]
+    best, whole_s = fastest
+    gain = 1.0 - result.total_s / whole_s
     if gain >= floor:
         return None
     return (f"the mix is estimated {gain:.1%} faster than {best}'s whole model "
-            f"({result.total_s * 1e3:.4g} vs {wholes[best] * 1e3:.4g} ms), under the "
+            f"({result.total_s * 1e3:.4g} vs {whole_s * 1e3:.4g} ms), under the "
             f"{floor:.0%} noise floor")
+
+
+def _fastest_whole(est: ProfiledEstimator) -> tuple[str, float] | None:
+    """The profiled target whose whole model is the fastest on its time base, and that time."""
+    wholes = {t: p.whole_s for t, p in est.profiles.items() if p.whole_s > 0}
+    if not wholes:
+        return None
+    best = min(wholes, key=lambda t: wholes[t])
+    return best, wholes[best]
 
 
 
@@ -172,10 +179,10 @@ def single_instead(graph: DataflowGraph, result: SearchResult, est: ProfiledEsti
     re-run and an offline search set the same mix aside. ``result`` unchanged when the whole
     model breaks ``pins``."""
     why = near_best_single(result, est)
-    if why is None:
+    fastest = _fastest_whole(est)
+    if why is None or fastest is None:
         return result, None
-    best = min((t for t, p in est.profiles.items() if p.whole_s > 0),
-               key=lambda t: est.profiles[t].whole_s)
+    best = fastest[0]
     target = {t.id: t for t in targets}.get(best)
     if target is None:
         return result, None

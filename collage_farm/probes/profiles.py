@@ -23,7 +23,7 @@ local Ray, or a coordinator of the runners' instance type) profiles that target 
 process instead (``here``: the whole-model session its cut-cost probe built, timed
 unprofiled between the profiled runs exactly as a worker would time its own): the same
 measurement, recorded as the same row with the runner's device and toolchain version, without
-sending the whole model to a worker (gpt2-2L's is ~250 MB) nor compiling it there a second
+sending the whole model to a worker (gpt2-2L's is 348 MB) nor compiling it there a second
 time (ORT 3.0 s, OpenVINO 2.4 s of gpt2-2L's 14.9 and 9.0 s requests, besides ~5 s of
 transfer and start-up). The profiler still compiles its own profiling session.
 
@@ -197,8 +197,8 @@ def _steps(res: MeasureResult) -> dict[str, float]:
 
 
 def _profile_here(t: Target, fp: str, data: bytes,
-                  timer: Callable[[MeasureConfig], list[float]], farm: MeasurementService,
-                  model: str) -> MeasureResult:
+                  timer: Callable[[MeasureConfig], list[float]], farm: MeasurementService
+                  ) -> MeasureResult:
     """``t``'s profile of the whole model ``data`` taken in this process, its unprofiled
     rounds timed by ``timer``; the result carries the device and toolchain version of the
     runner that serves ``t`` (this process times on that device), so that a re-run on the
@@ -269,7 +269,7 @@ def collect_profiles(graph: DataflowGraph, targets: Sequence[Target], *,
 
     for t in [t for t in todo if (here or {}).get(t.id) is not None]:
         t0 = time.perf_counter()
-        take(t, _profile_here(t, fp, data, (here or {})[t.id], farm, graph.name),
+        take(t, _profile_here(t, fp, data, (here or {})[t.id], farm),
              time.perf_counter() - t0, True)
     sent = [t for t in todo if t.id not in out]
     reqs = [MeasureRequest(BuildInput(fp, t, data, (), f"{graph.name}:profile:{t.id}"),

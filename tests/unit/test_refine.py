@@ -441,51 +441,6 @@ def test_whole_model_moves_are_left_to_the_never_worse_run(
     assert {"current", "candidate"} in timed
 
 
-def test_a_mix_within_noise_of_a_whole_model_is_not_refined(
-        mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A profile-mode plan estimated less than the noise floor under the fastest profiled
-    whole model: refinement runs no move (each would change the plan by less still), says
-    why, and the never-worse run still times the mix against every whole model."""
-    from collage_farm import execute as executor
-    from collage_farm.core.candidate import CandidatePartition
-    from collage_farm.core.cost import Cost
-    from collage_farm.core.search import PlannedPartition
-    from collage_farm.core.transition import ZeroTransitionModel
-    from collage_farm.postsearch import decide
-    from collage_farm.postsearch.decide import PostSearchOptions, post_search
-    from estimators.mock import MockEstimator
-    from estimators.profiled import ProfiledEstimator, TargetProfile
-
-    names = [n.name for n in mnist.nodes]
-
-    def profile(us: float) -> TargetProfile:
-        return TargetProfile({n: us * 1e-6 for n in names}, {n: k for k, n in enumerate(names)},
-                             dict.fromkeys(range(len(names)), 1), 1.0, us * 1e-6 * len(names))
-    est = ProfiledEstimator({ORT.id: profile(10.0), OV.id: profile(10.2)}, MockEstimator())
-    half = mnist.all_mask >> (len(names) // 2) << (len(names) // 2)
-    parts = [Part(mnist.all_mask & ~half, ORT), Part(half, OV)]
-    planned = tuple(PlannedPartition(CandidatePartition(SubGraph(mnist, p.mask), p.target),
-                                     Cost(s), 0.0) for p, s in zip(parts, (54e-6, 54.9e-6)))
-    result = SearchResult(planned, 108.9e-6, 1, 1, 1, 1, 0.1)  # 1% under ORT's 110 us whole
-
-    def no_refine(*a, **k):  # type: ignore[no-untyped-def]
-        raise AssertionError("a mix within noise was refined")
-    monkeypatch.setattr(decide, "refine", no_refine)
-    timed: list[set[str]] = []
-    monkeypatch.setattr(executor, "measure_interleaved_rounds",
-                        _scripted({"dijkstra": 1.0, "ort-cpu": 1.01, "openvino-cpu": 1.03},
-                                  timed))
-    opts = PostSearchOptions(targets=(ORT, OV), pins=None, verify=True, refine_trials=2,
-                             refine_time_s=120.0, verify_rounds=3, verify_extend_rounds=0,
-                             report=False)
-    out = post_search(opts, mnist, result, est, ZeroTransitionModel(), PlanBuilder(mnist))
-    ref = out.info["refine"]
-    assert ref["trials"] == 0 and ref["stopped_by"].startswith("within noise: ")
-    assert "noise floor" in ref["stopped_by"] and not ref["changed"]
-    assert timed and {"dijkstra", "ort-cpu", "openvino-cpu"} <= set().union(*timed)
-    assert out.info["plan_is"] == "best_single"  # 1% is not beyond noise
-
-
 def test_the_start_plan_is_built_only_when_a_move_is_timed(
         mnist: DataflowGraph, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan whose every move is skipped builds nothing (a one-partition plan's moves are all
